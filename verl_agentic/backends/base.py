@@ -1,0 +1,34 @@
+"""The generation interface every backend implements (token-in / token-out)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from verl_agentic.interfaces import GenOutput, SamplingParams
+
+
+class GenerationBackend(abc.ABC):
+    """Generates continuations of token-id prompts.
+
+    Implementations must return the generated token ids exactly as the model produced
+    them (never decoded and re-encoded), with one logprob per generated token.
+    ``generate`` may be called concurrently from many episodes; a backend is free to
+    batch such calls together.
+    """
+
+    #: the tokenizer whose ids this backend speaks
+    tokenizer: Any
+    #: ids that end a generation (the model's end-of-turn / EOS tokens)
+    stop_token_ids: list[int]
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenOutput:
+        """Continue ``prompt_ids``; stops on a stop id (kept in the output) or max_new_tokens."""
+
+    async def close(self) -> None:
+        """Release resources (worker threads, HTTP sessions). Idempotent."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the run summary (requests, batches, tokens, busy seconds, ...)."""
+        return {}

@@ -1,0 +1,199 @@
+"""The small set of types every part of verl-agentic speaks.
+
+Task functions (see ``verl_agentic.tasks``) receive and return these:
+
+- ``start(row, ctx) -> EpisodeState``
+- ``gen(state, backend, sampling) -> GenOutput``
+- ``obs(state, gen_out) -> Observation``
+- ``end(state) -> EpisodeResult``
+
+Generation backends (see ``verl_agentic.backends``) take prompt token ids and a
+``SamplingParams`` and return a ``GenOutput``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# Finish reasons of an episode (the trajectory dump's ``finish_reason``).
+FINISH_STOP = "stop"  # the task said the episode is done
+FINISH_LENGTH = "length"  # the token budget (rollout.max_total_tokens) ran out
+FINISH_MAX_TURNS = "max_turns"  # rollout.max_turns assistant turns were used
+FINISH_ERROR = "error"  # an exception ended the episode (see ``error``)
+
+# Typed failure kinds (DESIGN.md section 5). ``EpisodeError.type`` takes one of these.
+ERROR_TYPES = (
+    "timeout",  # the episode (or a turn) ran past its time limit
+    "task_error",  # a task function (start / obs / gen) raised
+    "end_error",  # the task's end() raised; the trajectory is kept
+    "generation_error",  # the backend raised
+    "context_overflow",  # the prompt or the next observation does not fit max_total_tokens
+    "template_error",  # the chat template could not render the conversation
+    "tool_error",
+    "parse_error",
+    "truncated",
+    "reward_error",
+)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters.
+
+    ``temperature == 0`` means greedy decoding. ``top_k <= 0`` disables top-k.
+    ``seed`` makes a request's sampling reproducible independently of how it is
+    batched with others (each request gets its own random generator).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: Optional[int] = None
+    stop_token_ids: Optional[list[int]] = None  # extra stop ids on top of the backend's EOS ids
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class GenOutput:
+    """What the model generated for one request, exactly as produced.
+
+    ``token_ids`` include the stop token when generation stopped on one
+    (``finish_reason == "stop"``). ``logprobs`` align one-to-one with ``token_ids``
+    and are log-softmax of the logits divided by the temperature (raw logits when greedy),
+    i.e. what a trainer recomputes with the same temperature.
+    """
+
+    token_ids: list[int]
+    logprobs: Optional[list[float]]
+    text: str
+    finish_reason: str  # "stop" | "length"
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"GenOutput: {len(self.logprobs)} logprobs for {len(self.token_ids)} tokens"
+            )
+
+
+@dataclass
+class Observation:
+    """What the environment says after an assistant turn.
+
+    ``messages`` are appended to the conversation (tokenized as the chat template's delta)
+    when the episode goes on; ``turn_reward`` is stored on the assistant turn it judges.
+    """
+
+    messages: list[dict] = field(default_factory=list)
+    done: bool = False
+    turn_reward: Optional[float] = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeResult:
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeError:
+    type: str
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"type": self.type, "message": self.message}
+
+
+@dataclass
+class RolloutContext:
+    """Per-episode context handed to ``start``: who runs the episode and with what config.
+
+    ``task_config`` is the task's own section of the config (``task.<task_type>``).
+    """
+
+    tokenizer: Any
+    task_config: dict
+    sample_index: int = 0  # which of the rollout.n samples of this prompt
+    max_turns: int = 1
+    seed: Optional[int] = None
+
+
+@dataclass
+class Turn:
+    role: str  # "assistant" | "user" | "tool"
+    start: int  # index into response_ids
+    end: int  # exclusive
+    text: str
+    reward: Optional[float] = None
+    finish_reason: Optional[str] = None  # assistant turns: "stop" | "length"
+    num_messages: int = 1  # injected turns: how many messages this delta holds
+
+    def as_dict(self) -> dict:
+        d = {"role": self.role, "start": self.start, "end": self.end, "text": self.text}
+        if self.reward is not None:
+            d["reward"] = self.reward
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
+        if self.role != "assistant":
+            d["num_messages"] = self.num_messages
+        return d
+
+
+@dataclass
+class EpisodeState:
+    """The state of one episode, shared by the loop and the task functions.
+
+    The loop owns the token fields (``prompt_ids``, ``response_ids``, ``response_mask``,
+    ``response_logprobs``, ``turns``); tasks read them and keep their own data in ``task``
+    (any object, ideally a small dataclass of the task's own).
+    """
+
+    row: dict
+    messages: list[dict]
+    ctx: RolloutContext
+    tools: Optional[list[dict]] = None
+    task: Any = None
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[Optional[float]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    num_turns: int = 0  # assistant turns generated so far
+    metrics: dict[str, float] = field(default_factory=dict)
+    finish_reason: Optional[str] = None
+    error: Optional[EpisodeError] = None
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def last_assistant_text(self) -> str:
+        for m in reversed(self.messages):
+            if m.get("role") == "assistant":
+                return m.get("content") or ""
+        return ""
+
+
+class EpisodeFailure(Exception):
+    """Raise from a task function to end the episode with a typed error."""
+
+    def __init__(self, type: str, message: str):
+        if type not in ERROR_TYPES:
+            raise ValueError(f"unknown error type {type!r}; one of {ERROR_TYPES}")
+        super().__init__(message)
+        self.type = type
+        self.message = message
+
+
+class ConfigError(ValueError):
+    """Bad user input (config, dataset, task name): raised before any work starts."""

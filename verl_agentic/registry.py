@@ -1,0 +1,124 @@
+"""A named registry with clear errors, shared by tasks, prompt generators and preprocessors.
+
+Duplicate names are an error that names both definitions (re-registering the very same
+definition, as happens when a module is imported twice, is allowed). Unknown names are an
+error that lists what is registered. A registry may also discover registrations from a
+Python entry-point group, so third-party packages can register without edits here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import threading
+from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+
+from verl_agentic.interfaces import ConfigError
+
+T = TypeVar("T")
+
+
+def describe_definition(obj: Any) -> str:
+    """``module.qualname (file:line)`` of a function/class, for error messages."""
+    target = getattr(obj, "__wrapped__", obj)
+    module = getattr(target, "__module__", None) or type(target).__module__
+    qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
+    try:
+        file = inspect.getsourcefile(target)
+        line = inspect.getsourcelines(target)[1]
+        return f"{module}.{qualname} ({file}:{line})"
+    except (TypeError, OSError):
+        return f"{module}.{qualname}"
+
+
+class Registry(Generic[T]):
+    """``name -> object`` with decorator registration, entry points and helpful errors."""
+
+    def __init__(self, kind: str, entry_point_group: Optional[str] = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._items: dict[str, T] = {}
+        self._sources: dict[str, str] = {}
+        self._entry_points_loaded = entry_point_group is None
+        self._lock = threading.RLock()
+
+    # -- registration -------------------------------------------------------------------
+    def register(self, name: str, obj: Optional[T] = None, *, source: Optional[str] = None,
+                 replace: bool = False) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, return a decorator."""
+        if obj is None:
+            def decorator(o: T) -> T:
+                self.register(name, o, source=source, replace=replace)
+                return o
+            return decorator
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        src = source or describe_definition(obj)
+        with self._lock:
+            if name in self._items and not replace and self._sources[name] != src:
+                raise ConfigError(
+                    f"{self.kind} {name!r} is registered twice: first by {self._sources[name]}, "
+                    f"again by {src}. Pick another name, or pass replace=True to override."
+                )
+            self._items[name] = obj
+            self._sources[name] = src
+        return obj
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._items.pop(name, None)
+            self._sources.pop(name, None)
+
+    # -- lookup ---------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        """Import every entry point of the group once (their import registers them).
+
+        An entry point whose object is not registered by importing it is registered under
+        the entry point's name. A broken plugin is reported, not silently skipped.
+        """
+        with self._lock:
+            if self._entry_points_loaded:
+                return
+            self._entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+            try:
+                obj = ep.load()
+            except Exception as e:  # a broken third-party plugin must not hide the others
+                raise ConfigError(
+                    f"failed to load {self.kind} plugin {ep.name!r} ({ep.value}) from entry-point "
+                    f"group {self.entry_point_group!r}: {type(e).__name__}: {e}"
+                ) from e
+            if ep.name not in self._items and not inspect.ismodule(obj):
+                self.register(ep.name, obj, source=f"entry point {ep.value}")
+
+    def get(self, name: str) -> T:
+        self.load_entry_points()
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            raise ConfigError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+
+    def source(self, name: str) -> str:
+        self.get(name)
+        return self._sources[name]
+
+    def names(self) -> list[str]:
+        self.load_entry_points()
+        return sorted(self._items)
+
+    __getitem__ = get
+
+    def __contains__(self, name: object) -> bool:
+        self.load_entry_points()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def items(self) -> list[tuple[str, T]]:
+        return [(n, self._items[n]) for n in self.names()]
+

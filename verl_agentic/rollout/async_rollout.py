@@ -1,0 +1,150 @@
+"""AsyncRollout: many multi-turn episodes at once, dispatched on each row's ``task_type``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
+from verl_agentic.rollout.loops import LoopLimits
+from verl_agentic.rollout.template import ChatTemplate
+from verl_agentic.rollout.trajectory import build_trajectory
+from verl_agentic.tasks.registry import TaskSpec, get_task
+
+
+@dataclass
+class RolloutConfig:
+    """The ``rollout.*`` config keys (see README)."""
+
+    n: int = 1
+    max_turns: int = 3
+    max_new_tokens: int = 256
+    max_total_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    concurrency: int = 32
+    episode_timeout_s: Optional[float] = None
+    chat_template_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("n", "max_turns", "max_new_tokens", "max_total_tokens", "concurrency"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+def _sample_seed(base: int, index: int, sample_id: int) -> int:
+    return (base * 1_000_003 + index * 10_007 + sample_id) % (2**31 - 1)
+
+
+class AsyncRollout:
+    """Runs episodes concurrently (bounded by ``concurrency``) against one backend.
+
+    Each row names its ``task_type`` (or ``default_task_type`` applies); rows of different
+    tasks may share a batch. Every row is sampled ``n`` times. Results come back in input
+    order (row-major: row 0 samples 0..n-1, row 1, ...) as trajectory dicts; an episode that
+    fails carries a typed ``error`` and never stops the others.
+    """
+
+    def __init__(self, backend: Any, config: Optional[RolloutConfig] = None, *,
+                 task_configs: Optional[dict[str, dict]] = None,
+                 default_task_type: Optional[str] = None, seed: int = 0, progress: bool = False):
+        self.backend = backend
+        self.config = config or RolloutConfig()
+        self.task_configs = dict(task_configs or {})
+        self.default_task_type = default_task_type
+        self.seed = seed
+        self.progress = progress
+        self.template = ChatTemplate(backend.tokenizer, self.config.chat_template_kwargs)
+        self.last_wall_s = 0.0
+
+    def resolve_tasks(self, rows: Sequence[dict]) -> list[tuple[str, TaskSpec]]:
+        """Look up every row's task before any generation: a bad name fails fast, listing the known ones."""
+        if not rows:
+            raise ConfigError("the dataset is empty: no rows to roll out")
+        resolved, cache = [], {}
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ConfigError(f"row {i}: expected a dict, got {type(row).__name__}")
+            name = row.get("task_type") or self.default_task_type
+            if not name:
+                raise ConfigError(f"row {i}: no 'task_type' field and no default task_type configured")
+            if name not in cache:
+                try:
+                    cache[name] = get_task(name)
+                except ConfigError as e:
+                    raise ConfigError(f"row {i}: {e}") from None
+            resolved.append((name, cache[name]))
+        return resolved
+
+    def _sampling(self, index: int, sample_id: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+            seed=_sample_seed(self.seed, index, sample_id) if c.temperature > 0 else None,
+        )
+
+    async def run(self, rows: Sequence[dict]) -> list[dict]:
+        tasks = self.resolve_tasks(rows)
+        limits = LoopLimits(self.config.max_turns, self.config.max_total_tokens, self.config.episode_timeout_s)
+        sem = asyncio.Semaphore(self.config.concurrency)
+        total = len(rows) * self.config.n
+        bar = _progress_bar(total, self.progress)
+        t0 = time.perf_counter()
+
+        async def episode(index: int, sample_id: int) -> dict:
+            task_type, spec = tasks[index]
+            row = rows[index]
+            ctx = RolloutContext(
+                tokenizer=self.backend.tokenizer, task_config=self.task_configs.get(task_type, {}),
+                sample_index=sample_id, max_turns=self.config.max_turns,
+                seed=_sample_seed(self.seed, index, sample_id),
+            )
+            async with sem:
+                state, result = await spec.loop(spec, row, ctx, self.backend, self._sampling(index, sample_id),
+                                                limits, self.template)
+            traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
+                                    task_type=task_type, index=index, sample_id=sample_id)
+            bar.update(traj)
+            return traj
+
+        try:
+            out = await asyncio.gather(*(episode(i, k) for i in range(len(rows)) for k in range(self.config.n)))
+        finally:
+            bar.close()
+        self.last_wall_s = time.perf_counter() - t0
+        return list(out)
+
+    def run_sync(self, rows: Sequence[dict]) -> list[dict]:
+        return asyncio.run(self.run(rows))
+
+
+class _progress_bar:
+    """A tqdm bar showing mean reward and errors so far; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        self.done = self.errors = 0
+        self.reward_sum = 0.0
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="rollout", unit="ep", dynamic_ncols=True)
+
+    def update(self, traj: dict) -> None:
+        self.done += 1
+        self.reward_sum += traj["reward"]
+        self.errors += traj["error"] is not None
+        if self.bar is not None:
+            self.bar.set_postfix(reward=f"{self.reward_sum / self.done:.3f}", errors=self.errors, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

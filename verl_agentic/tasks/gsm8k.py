@@ -1,0 +1,193 @@
+"""GSM8K, multi-turn: the model answers, gets feedback, and may revise.
+
+Config (``task.gsm8k.*``):
+
+- ``feedback``: ``none`` (one answer), ``retry`` (wrong -> "Your answer is incorrect..."),
+  ``verify`` (wrong -> "Are you sure? Can you write Python code to verify?"),
+  ``always_verify`` (the verify question after the first answer even when it is right; later
+  turns as ``verify``). Feedback is given only while turns remain (``rollout.max_turns``).
+- ``extraction``: ``flexible`` (last number in the answer; default) or ``strict`` (``#### N``).
+- ``retry_message`` / ``verify_message``: the feedback texts.
+
+Per-turn reward: 1.0 when that turn's answer is right. Episode reward: the last answer's
+correctness. Metrics: first/final correct, answered, flips wrong->right and right->wrong,
+feedback turns.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
+from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, GenOutput, Observation, RolloutContext
+from verl_agentic.tasks.registry import TaskSpec, register_task
+
+FEEDBACK_POLICIES = ("none", "retry", "verify", "always_verify")
+EXTRACTIONS = ("strict", "flexible")
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+DEFAULT_RETRY_MESSAGE = (
+    "Your answer is incorrect. Please reflect on your solution, find the mistake, and try again. "
+    'Output the final answer after "####".'
+)
+DEFAULT_VERIFY_MESSAGE = (
+    "Are you sure? Can you write Python code to verify? "
+    'Then output the final answer after "####".'
+)
+
+_NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\$?\s*\.\d+"
+_STRICT_RE = re.compile(r"####\s*(" + _NUMBER + r")")
+_FLEXIBLE_RE = re.compile(_NUMBER)
+
+
+def normalize_number(text: str) -> Optional[str]:
+    """Canonical form of a number: no ``$``, commas or spaces; ``72.0`` -> ``72``; ``.5`` -> ``0.5``."""
+    s = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    if not s:
+        return None
+    try:
+        value = float(s)
+    except ValueError:
+        return None
+    if value != value or value in (float("inf"), float("-inf")):
+        return None
+    if value == int(value) and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+def extract_answer(text: str, extraction: str = "flexible") -> Optional[str]:
+    """The normalised final answer of a response, or None when it has none.
+
+    ``strict``: the number after the last ``####``. ``flexible``: the ``####`` answer when there
+    is one, else the last number in the text.
+    """
+    if extraction not in EXTRACTIONS:
+        raise ConfigError(f"gsm8k extraction must be one of {EXTRACTIONS}, got {extraction!r}")
+    strict = _STRICT_RE.findall(text)
+    if strict:
+        return normalize_number(strict[-1])
+    if extraction == "strict":
+        return None
+    for candidate in reversed(_FLEXIBLE_RE.findall(text)):
+        n = normalize_number(candidate)
+        if n is not None:
+            return n
+    return None
+
+
+def ground_truth_from_solution(solution: str) -> str:
+    """The ``#### N`` line of a GSM8K reference solution, normalised."""
+    m = _STRICT_RE.findall(solution)
+    gt = normalize_number(m[-1]) if m else None
+    if gt is None:
+        raise DatasetError("field 'answer' has no '#### <number>' line")
+    return gt
+
+
+@PROMPT_GENERATOR.register("gsm8k")
+def gsm8k_prompt(raw: dict) -> list[dict]:
+    question = raw.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DatasetError("field 'question' is missing or empty")
+    return [{"role": "user", "content": f"{question.strip()}\n{INSTRUCTION}"}]
+
+
+@PREPROCESS_DATASET.register("gsm8k")
+def gsm8k_preprocess(raw: dict, index: int) -> dict:
+    """A raw GSM8K row (``question``, ``answer``) -> a rollout row."""
+    if not isinstance(raw.get("answer"), str):
+        raise DatasetError("field 'answer' is missing")
+    return {
+        "data_source": "openai/gsm8k",
+        "task_type": "gsm8k",
+        "prompt": PROMPT_GENERATOR["gsm8k"](raw),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth_from_solution(raw["answer"])},
+        "extra_info": {"index": index, "question": raw["question"], "answer": raw["answer"]},
+    }
+
+
+@dataclass
+class Gsm8kConfig:
+    feedback: str = "verify"
+    extraction: str = "flexible"
+    retry_message: str = DEFAULT_RETRY_MESSAGE
+    verify_message: str = DEFAULT_VERIFY_MESSAGE
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Gsm8kConfig":
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown task.gsm8k keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        cfg = cls(**d)
+        if cfg.feedback not in FEEDBACK_POLICIES:
+            raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
+        if cfg.extraction not in EXTRACTIONS:
+            raise ConfigError(f"task.gsm8k.extraction must be one of {EXTRACTIONS}, got {cfg.extraction!r}")
+        return cfg
+
+
+@dataclass
+class Gsm8kState:
+    config: Gsm8kConfig
+    ground_truth: str
+    answers: list[Optional[str]] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    feedback_turns: int = 0
+
+
+def gsm8k_start(row: dict, ctx: RolloutContext) -> EpisodeState:
+    cfg = Gsm8kConfig.from_dict(dict(ctx.task_config))
+    gt = normalize_number(str(row["reward_model"]["ground_truth"]))
+    if gt is None:
+        raise DatasetError(f"field 'reward_model.ground_truth' is not a number: {row['reward_model']['ground_truth']!r}")
+    return EpisodeState(row=row, messages=copy.deepcopy(list(row["prompt"])), ctx=ctx, task=Gsm8kState(cfg, gt))
+
+
+def _feedback(task: Gsm8kState, turn: int, correct: bool) -> Optional[str]:
+    """The feedback message after assistant turn ``turn`` (1-based), or None to stop."""
+    policy = task.config.feedback
+    if policy == "none":
+        return None
+    if policy == "always_verify" and turn == 1:
+        return task.config.verify_message
+    if correct:
+        return None
+    return task.config.retry_message if policy == "retry" else task.config.verify_message
+
+
+def gsm8k_obs(state: EpisodeState, out: GenOutput) -> Observation:
+    task: Gsm8kState = state.task
+    answer = extract_answer(state.last_assistant_text, task.config.extraction)
+    correct = answer is not None and answer == task.ground_truth
+    task.answers.append(answer)
+    task.correct.append(correct)
+    message = _feedback(task, state.num_turns, correct)
+    if message is None:
+        return Observation(done=True, turn_reward=float(correct))
+    if state.num_turns < state.ctx.max_turns:  # otherwise the loop ends with "max_turns" unsent
+        task.feedback_turns += 1
+    return Observation(messages=[{"role": "user", "content": message}], turn_reward=float(correct))
+
+
+def gsm8k_end(state: EpisodeState) -> EpisodeResult:
+    task: Optional[Gsm8kState] = state.task
+    if task is None or not task.correct:
+        return EpisodeResult(0.0, {"first_correct": 0.0, "final_correct": 0.0, "answered": 0.0})
+    flips_wr = sum(1 for a, b in zip(task.correct, task.correct[1:]) if not a and b)
+    flips_rw = sum(1 for a, b in zip(task.correct, task.correct[1:]) if a and not b)
+    final = float(task.correct[-1])
+    return EpisodeResult(final, {
+        "first_correct": float(task.correct[0]),
+        "final_correct": final,
+        "answered": float(task.answers[-1] is not None),
+        "feedback_turns": float(task.feedback_turns),
+        "flips_wrong_to_right": float(flips_wr),
+        "flips_right_to_wrong": float(flips_rw),
+    })
+
+
+GSM8K = register_task("gsm8k", TaskSpec(start=gsm8k_start, obs=gsm8k_obs, end=gsm8k_end))

@@ -1,0 +1,104 @@
+"""Task registry: ``task_type`` -> ``TaskSpec(loop, start, gen, obs, end)``.
+
+Register a task with a decorator on a class (methods ``start``, ``obs``, ``end`` and
+optionally ``gen`` / ``loop``; sync or async), or with an explicit ``TaskSpec``::
+
+    from verl_agentic.tasks import register_task
+
+    @register_task("echo")
+    class EchoTask:
+        def start(self, row, ctx): ...
+        def obs(self, state, gen_out): ...
+        def end(self, state): ...
+
+    register_task("echo2", TaskSpec(start=..., obs=..., end=...))
+
+Third-party packages register through the entry-point group ``verl_agentic.tasks``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.registry import Registry, describe_definition
+
+ENTRY_POINT_GROUP = "verl_agentic.tasks"
+
+
+def _default_gen():
+    from verl_agentic.rollout.loops import default_gen
+
+    return default_gen
+
+
+def _default_loop():
+    from verl_agentic.rollout.loops import ids_agent_loop
+
+    return ids_agent_loop
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The functions that make a task. ``gen`` and ``loop`` default to the token-in/token-out ones."""
+
+    start: Callable
+    obs: Callable
+    end: Callable
+    gen: Optional[Callable] = None
+    loop: Optional[Callable] = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("start", "obs", "end"):
+            if not callable(getattr(self, field_name)):
+                raise ConfigError(f"TaskSpec.{field_name} must be callable, got {getattr(self, field_name)!r}")
+        if self.gen is None:
+            object.__setattr__(self, "gen", _default_gen())
+        if self.loop is None:
+            object.__setattr__(self, "loop", _default_loop())
+
+
+TASKS: Registry[TaskSpec] = Registry("task_type", entry_point_group=ENTRY_POINT_GROUP)
+
+
+def _spec_from_class(cls: type, name: str) -> TaskSpec:
+    instance = cls()
+    missing = [m for m in ("start", "obs", "end") if not callable(getattr(instance, m, None))]
+    if missing:
+        raise ConfigError(f"task class {cls.__qualname__} registered as {name!r} lacks {', '.join(missing)}")
+    return TaskSpec(
+        start=instance.start, obs=instance.obs, end=instance.end,
+        gen=getattr(instance, "gen", None), loop=getattr(instance, "loop", None), name=name,
+    )
+
+
+def register_task(name: str, spec: Any = None, *, replace: bool = False) -> Any:
+    """Register a task under ``name``: a ``TaskSpec``, or (as a decorator) a class.
+
+    Registering a different definition under a name already taken raises an error that
+    names both definitions.
+    """
+
+    def do_register(obj: Any) -> Any:
+        if isinstance(obj, TaskSpec):
+            task_spec = obj if obj.name == name else TaskSpec(**{**obj.__dict__, "name": name})
+            source = describe_definition(obj.start)
+        elif inspect.isclass(obj):
+            task_spec = _spec_from_class(obj, name)
+            source = describe_definition(obj)
+        else:
+            raise ConfigError(f"register_task({name!r}) takes a TaskSpec or a class, got {obj!r}")
+        TASKS.register(name, task_spec, source=source, replace=replace)
+        return obj
+
+    if spec is None:
+        return do_register
+    return do_register(spec)
+
+
+def get_task(name: str) -> TaskSpec:
+    """The TaskSpec of ``name``; an unknown name raises ConfigError listing the registered ones."""
+    return TASKS.get(name)
