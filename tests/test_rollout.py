@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from verl_agentic.backends.base import GenerationBackend
 from verl_agentic.backends.hf import HFBackend
 from verl_agentic.interfaces import (
     ConfigError,
@@ -73,7 +74,7 @@ def _rollout(backend, **kw):
     return AsyncRollout(backend, RolloutConfig(**cfg), seed=1)
 
 
-class RecordingBackend:
+class RecordingBackend(GenerationBackend):
     """Wraps a real backend and records what it generated (to compare with the trajectory)."""
 
     def __init__(self, inner):

@@ -68,13 +68,16 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     import verl_agentic.tasks  # noqa: F401 - built-in tasks
     from verl_agentic.agentic_utils import load_rows
     from verl_agentic.rollout import AsyncRollout, format_table, summarize, write_jsonl
+    from verl_agentic.rollout.async_rollout import resolve_tasks
     from verl_agentic.rollout.trajectory import drift_summary
     from verl_agentic.tasks import get_task
 
     quiet = bool(cfg.output.quiet)
-    get_task(cfg.task_type)  # an unknown task_type fails before the model loads
+    get_task(cfg.task_type)  # an unknown task_type fails before anything loads
     rollout_cfg = rollout_config(cfg)
+    task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
     rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
+    resolve_tasks(rows, cfg.task_type, task_configs)  # before the model loads
     out_dir = Path(cfg.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     own_backend = backend is None
@@ -83,7 +86,6 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
         backend = make_backend(cfg)
         if not quiet:
             print(f"[verl-agentic] model loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
     rollout = AsyncRollout(backend, rollout_cfg, task_configs=task_configs, default_task_type=cfg.task_type,
                            seed=cfg.seed, progress=not quiet)
     try:

@@ -43,6 +43,33 @@ def _sample_seed(base: int, index: int, sample_id: int) -> int:
     return (base * 1_000_003 + index * 10_007 + sample_id) % (2**31 - 1)
 
 
+def resolve_tasks(rows: Sequence[dict], default_task_type: Optional[str] = None,
+                  task_configs: Optional[dict[str, dict]] = None) -> list[tuple[str, TaskSpec]]:
+    """Each row's (task_type, TaskSpec), checked before any generation.
+
+    An unknown name fails fast, naming the row and listing the registered tasks; each task's
+    ``check_config`` validates its config section once.
+    """
+    if not rows:
+        raise ConfigError("the dataset is empty: no rows to roll out")
+    resolved, cache = [], {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ConfigError(f"row {i}: expected a dict, got {type(row).__name__}")
+        name = row.get("task_type") or default_task_type
+        if not name:
+            raise ConfigError(f"row {i}: no 'task_type' field and no default task_type configured")
+        if name not in cache:
+            try:
+                cache[name] = get_task(name)
+            except ConfigError as e:
+                raise ConfigError(f"row {i}: {e}") from None
+            if cache[name].check_config is not None:
+                cache[name].check_config(dict((task_configs or {}).get(name, {})))
+        resolved.append((name, cache[name]))
+    return resolved
+
+
 class AsyncRollout:
     """Runs episodes concurrently (bounded by ``concurrency``) against one backend.
 
@@ -64,25 +91,6 @@ class AsyncRollout:
         self.template = ChatTemplate(backend.tokenizer, self.config.chat_template_kwargs)
         self.last_wall_s = 0.0
 
-    def resolve_tasks(self, rows: Sequence[dict]) -> list[tuple[str, TaskSpec]]:
-        """Look up every row's task before any generation: a bad name fails fast, listing the known ones."""
-        if not rows:
-            raise ConfigError("the dataset is empty: no rows to roll out")
-        resolved, cache = [], {}
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise ConfigError(f"row {i}: expected a dict, got {type(row).__name__}")
-            name = row.get("task_type") or self.default_task_type
-            if not name:
-                raise ConfigError(f"row {i}: no 'task_type' field and no default task_type configured")
-            if name not in cache:
-                try:
-                    cache[name] = get_task(name)
-                except ConfigError as e:
-                    raise ConfigError(f"row {i}: {e}") from None
-            resolved.append((name, cache[name]))
-        return resolved
-
     def _sampling(self, index: int, sample_id: int) -> SamplingParams:
         c = self.config
         return SamplingParams(
@@ -91,11 +99,11 @@ class AsyncRollout:
         )
 
     async def run(self, rows: Sequence[dict]) -> list[dict]:
-        tasks = self.resolve_tasks(rows)
+        tasks = resolve_tasks(rows, self.default_task_type, self.task_configs)
         limits = LoopLimits(self.config.max_turns, self.config.max_total_tokens, self.config.episode_timeout_s)
         sem = asyncio.Semaphore(self.config.concurrency)
         total = len(rows) * self.config.n
-        bar = _progress_bar(total, self.progress)
+        bar = _progress_bar(total, self.progress, self.backend)
         t0 = time.perf_counter()
 
         async def episode(index: int, sample_id: int) -> dict:
@@ -114,9 +122,12 @@ class AsyncRollout:
             bar.update(traj)
             return traj
 
+        ticker = asyncio.create_task(bar.tick_forever()) if self.progress else None
         try:
             out = await asyncio.gather(*(episode(i, k) for i in range(len(rows)) for k in range(self.config.n)))
         finally:
+            if ticker is not None:
+                ticker.cancel()
             bar.close()
         self.last_wall_s = time.perf_counter() - t0
         return list(out)
@@ -126,23 +137,49 @@ class AsyncRollout:
 
 
 class _progress_bar:
-    """A tqdm bar showing mean reward and errors so far; silent when disabled."""
+    """A tqdm bar over episodes with mean reward, errors and generated tokens; silent when disabled.
 
-    def __init__(self, total: int, enabled: bool):
+    Episodes of a batch tend to finish together, so the bar also refreshes every couple of
+    seconds with the backend's token counter, showing progress inside long turns.
+    """
+
+    def __init__(self, total: int, enabled: bool, backend: Any):
         self.bar = None
+        self.backend = backend
         self.done = self.errors = 0
         self.reward_sum = 0.0
+        self.t0 = time.perf_counter()
+        self.tokens0 = 0.0
         if enabled:
             from tqdm.auto import tqdm
 
+            self.tokens0 = self._tokens()
             self.bar = tqdm(total=total, desc="rollout", unit="ep", dynamic_ncols=True)
+
+    def _tokens(self) -> float:
+        return float(self.backend.stats().get("generated_tokens", 0))
+
+    def _refresh(self) -> None:
+        tokens = self._tokens() - self.tokens0
+        postfix = {"tok": int(tokens), "tok/s": f"{tokens / max(time.perf_counter() - self.t0, 1e-9):.0f}",
+                   "errors": self.errors}
+        if self.done:
+            postfix["reward"] = f"{self.reward_sum / self.done:.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+
+    async def tick_forever(self, every_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            if self.bar is not None:
+                self._refresh()
+                self.bar.refresh()
 
     def update(self, traj: dict) -> None:
         self.done += 1
         self.reward_sum += traj["reward"]
         self.errors += traj["error"] is not None
         if self.bar is not None:
-            self.bar.set_postfix(reward=f"{self.reward_sum / self.done:.3f}", errors=self.errors, refresh=False)
+            self._refresh()
             self.bar.update(1)
 
     def close(self) -> None:

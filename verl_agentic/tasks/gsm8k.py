@@ -190,4 +190,5 @@ def gsm8k_end(state: EpisodeState) -> EpisodeResult:
     })
 
 
-GSM8K = register_task("gsm8k", TaskSpec(start=gsm8k_start, obs=gsm8k_obs, end=gsm8k_end))
+GSM8K = register_task("gsm8k", TaskSpec(start=gsm8k_start, obs=gsm8k_obs, end=gsm8k_end,
+                                         check_config=Gsm8kConfig.from_dict))

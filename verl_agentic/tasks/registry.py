@@ -42,13 +42,21 @@ def _default_loop():
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """The functions that make a task. ``gen`` and ``loop`` default to the token-in/token-out ones."""
+    """The functions that make a task.
+
+    ``start(row, ctx)``, ``obs(state, gen_out)``, ``end(state)``: see ``verl_agentic.interfaces``.
+    ``gen(state, backend, sampling)`` defaults to continuing the token context with the backend;
+    ``loop(task, row, ctx, backend, sampling, limits, template)`` to ``ids_agent_loop``.
+    ``check_config(task_config)``, optional, validates the task's config section once before
+    any episode runs (raise ``ConfigError``), so a typo fails fast instead of in every episode.
+    """
 
     start: Callable
     obs: Callable
     end: Callable
     gen: Optional[Callable] = None
     loop: Optional[Callable] = None
+    check_config: Optional[Callable[[dict], Any]] = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -71,7 +79,8 @@ def _spec_from_class(cls: type, name: str) -> TaskSpec:
         raise ConfigError(f"task class {cls.__qualname__} registered as {name!r} lacks {', '.join(missing)}")
     return TaskSpec(
         start=instance.start, obs=instance.obs, end=instance.end,
-        gen=getattr(instance, "gen", None), loop=getattr(instance, "loop", None), name=name,
+        gen=getattr(instance, "gen", None), loop=getattr(instance, "loop", None),
+        check_config=getattr(instance, "check_config", None), name=name,
     )
 
 
