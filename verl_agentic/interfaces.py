@@ -26,6 +26,7 @@ FINISH_ERROR = "error"  # an exception ended the episode (see ``error``)
 # Typed failure kinds (DESIGN.md section 5). ``EpisodeError.type`` takes one of these.
 ERROR_TYPES = (
     "timeout",  # the episode (or a turn) ran past its time limit
+    "cancelled",  # the rollout was cancelled from outside while the episode ran
     "task_error",  # a task function (start / obs / gen) raised
     "end_error",  # the task's end() raised; the trajectory is kept
     "generation_error",  # the backend raised

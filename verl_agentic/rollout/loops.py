@@ -58,6 +58,11 @@ class LoopLimits:
     episode_timeout_s: Optional[float] = None
 
 
+def ended_on_stop(token_ids: list[int], finish_reason: Optional[str], stop_ids: set[int]) -> bool:
+    """Did this turn end on a stop token the model generated (kept in its ids, mask 1)?"""
+    return finish_reason == "stop" and bool(token_ids) and (not stop_ids or token_ids[-1] in stop_ids)
+
+
 async def default_gen(state: EpisodeState, backend: Any, sampling: SamplingParams) -> GenOutput:
     """Continue the episode's token context with the backend."""
     return await backend.generate(state.context_ids, sampling)
@@ -95,7 +100,7 @@ async def ids_agent_loop(task: Any, row: dict, ctx: RolloutContext, backend: Any
         async with asyncio.timeout(timeout if timeout and timeout > 0 else None):
             await _run_turns(task, state, backend, sampling, limits, template)
     except asyncio.CancelledError:
-        state.error = EpisodeError("timeout", "episode cancelled")
+        state.error = EpisodeError("cancelled", "the rollout was cancelled")
         state.finish_reason = FINISH_ERROR
         await _safe_end(task, state)
         raise
@@ -152,7 +157,7 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
             state.finish_reason = FINISH_MAX_TURNS
             return
 
-        stop_text = template.stop_text(out.token_ids[-1]) if out.finish_reason == "stop" and out.token_ids else None
+        stop_text = template.stop_text(out.token_ids[-1]) if ended_on_stop(out.token_ids, out.finish_reason, stop_ids) else None
         delta = template.delta_text(state.messages, ob.messages, generated_stop_text=stop_text, tools=state.tools)
         delta_ids = template.encode(delta)
         if state.num_tokens + len(delta_ids) >= limits.max_total_tokens:
@@ -169,7 +174,7 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
 def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], template: ChatTemplate) -> None:
     ids = list(out.token_ids)
     logprobs = list(out.logprobs) if out.logprobs is not None else [None] * len(ids)
-    content_ids = ids[:-1] if out.finish_reason == "stop" and ids and ids[-1] in stop_ids else ids
+    content_ids = ids[:-1] if ended_on_stop(out.token_ids, out.finish_reason, stop_ids) else ids
     content = template.tokenizer.decode(content_ids, skip_special_tokens=False)
     start = len(state.response_ids)
     state.response_ids.extend(ids)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from verl_agentic.interfaces import EpisodeFailure, EpisodeResult, EpisodeState
+from verl_agentic.rollout.loops import ended_on_stop
 from verl_agentic.rollout.template import ChatTemplate
 
 
@@ -181,9 +182,8 @@ def check_drift(traj: dict, tokenizer: Any, chat_template_kwargs: Optional[dict]
         actual = resp[t["start"]:t["end"]]
         if t["role"] == "assistant":
             cursor += 1
-            last = actual[-1] if actual else None
-            stopped = t.get("finish_reason") == "stop" and last is not None and (not stops or last in stops)
-            stop_texts.append(template.stop_text(last) if stopped else None)
+            stopped = ended_on_stop(actual, t.get("finish_reason"), stops)
+            stop_texts.append(template.stop_text(actual[-1]) if stopped else None)
             content_ids = actual[:-1] if stopped else actual
             report.generated_tokens += len(actual)
             if content_ids:
