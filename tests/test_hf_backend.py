@@ -209,6 +209,7 @@ def test_concurrent_requests_are_batched(make_backend, loaded, prompts) -> None:
     stats = backend.stats()
     assert stats["requests"] == 8 and stats["batches"] < 8
     assert stats["generated_tokens"] == sum(len(o.token_ids) for o in outputs)
+    assert stats["decoded_tokens"] == stats["generated_tokens"]  # nothing was cancelled
 
     small = make_backend(max_batch_size=3)
     outputs = generate_all(small, [(p, GREEDY) for p in prompts * 2])

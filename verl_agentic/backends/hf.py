@@ -29,6 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from verl_agentic.backends.attention import use_grouped_attention
 from verl_agentic.backends.base import GenerationBackend
 from verl_agentic.interfaces import GenOutput, SamplingParams
 
@@ -133,6 +134,10 @@ class HFBackend(GenerationBackend):
             a batch arrives (requests issued in the same event-loop tick always join).
         seed: seeds the generator of requests that carry no seed of their own.
         device: where the model runs.
+        grouped_attention: switch an ``sdpa`` model with grouped KV heads to the copy-free
+            grouped attention of :mod:`verl_agentic.backends.attention` (same results, ~3x
+            faster decode steps on long padded batches). This changes the model object, which
+            the backend shares with its caller.
     """
 
     def __init__(
@@ -144,11 +149,14 @@ class HFBackend(GenerationBackend):
         batch_wait_ms: float = 2.0,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        grouped_attention: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        # sdpa + grouped KV heads: attend without copying the KV cache (see backends/attention.py)
+        self.grouped_attention = grouped_attention and use_grouped_attention(self.model)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
@@ -178,6 +186,7 @@ class HFBackend(GenerationBackend):
         self._num_requests = 0
         self._num_batches = 0
         self._generated_tokens = 0
+        self._decoded_tokens = 0  # bumped every decode step (live progress), cancelled rows included
         self._busy_s = 0.0
 
     @classmethod
@@ -244,12 +253,14 @@ class HFBackend(GenerationBackend):
 
     def stats(self) -> dict[str, float]:
         """Counters: requests decoded (``max_new_tokens > 0``), batches, mean batch size,
-        tokens returned to callers and seconds spent decoding."""
+        tokens returned to callers, tokens decoded so far (live, for progress output) and
+        seconds spent decoding."""
         return {
             "requests": self._num_requests,
             "batches": self._num_batches,
             "mean_batch_size": self._num_requests / self._num_batches if self._num_batches else 0.0,
             "generated_tokens": self._generated_tokens,
+            "decoded_tokens": self._decoded_tokens,
             "busy_s": self._busy_s,
         }
 
@@ -363,6 +374,7 @@ class HFBackend(GenerationBackend):
             logits = self._next_token_logits(input_ids, attention_mask, position_ids, cache)
             while True:
                 tokens, logprobs = self._sample(logits, active)
+                self._decoded_tokens += len(active)
                 keep = []
                 for i, (row, token_id, logprob) in enumerate(
                     zip(active, tokens.tolist(), logprobs.tolist())

@@ -157,7 +157,8 @@ class _progress_bar:
             self.bar = tqdm(total=total, desc="rollout", unit="ep", dynamic_ncols=True)
 
     def _tokens(self) -> float:
-        return float(self.backend.stats().get("generated_tokens", 0))
+        stats = self.backend.stats()
+        return float(stats.get("decoded_tokens", stats.get("generated_tokens", 0)))
 
     def _refresh(self) -> None:
         tokens = self._tokens() - self.tokens0
