@@ -3,8 +3,10 @@
 The same GSM8K prompts, one greedy turn each (feedback ``none``), through:
   baseline: left-padded batches of ``--batch`` prompts through ``model.generate`` (no logprobs),
   ours:     AsyncRollout with the hf backend (concurrency = batch), logprobs, trajectories.
-Both run in this process on the same model, alternating, ``--repeats`` times; the ratio of
-the medians is printed (target <= 1.10), with the share of tokens that agree.
+Both run in this process on the same weights (the baseline on the model as transformers loads
+it, ours with the backend's copy-free grouped attention unless --no-grouped-attention),
+alternating, ``--repeats`` times; the ratio of the medians is printed (target <= 1.10), with
+the share of tokens that agree.
 
     .venv/bin/python bench/rollout_overhead.py                # embedded SmolLM2-135M
     .venv/bin/python bench/rollout_overhead.py --model tiny   # tiny random Qwen2
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from verl_agentic.agentic_utils import load_rows
 from verl_agentic.backends.hf import HFBackend
@@ -58,6 +61,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-grouped-attention", dest="grouped_attention", action="store_false",
+                    help="run our backend on stock sdpa too (isolates the loop's own overhead)")
     args = ap.parse_args()
 
     if args.model == "tiny":
@@ -68,8 +73,10 @@ def main() -> None:
         from verl_agentic.models.embedded import resolve_model_path
 
         path = str(resolve_model_path(args.model))
-    backend = HFBackend.from_pretrained(path, max_batch_size=args.batch)
-    model, tok = backend.model, backend.tokenizer
+    backend = HFBackend.from_pretrained(path, max_batch_size=args.batch, grouped_attention=args.grouped_attention)
+    tok = backend.tokenizer
+    # the baseline is what a user would write: the model as transformers loads it (stock sdpa)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rows = load_rows(REPO / "data" / "gsm8k" / "test.jsonl", "gsm8k", args.prompts)
     template = ChatTemplate(tok)
     prompts = [template.prompt_ids(r["prompt"]) for r in rows]
@@ -99,7 +106,7 @@ def main() -> None:
     agree = sum(x == y for a, b in zip(base_out, ours_out) for x, y in zip(a, b))
     mb, mo = statistics.median(times_base), statistics.median(times_ours)
     print(f"\nmodel={args.model} prompts={args.prompts} batch={args.batch} max_new_tokens={args.max_new_tokens} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()} grouped_attention={backend.grouped_attention}")
     print(f"identical responses: {same}/{len(base_out)}; agreeing tokens: {agree}/{max(tokens_base, tokens_ours)}")
     print(f"model.generate : median {mb:.2f} s, {tokens_base / mb:.1f} tok/s")
     print(f"AsyncRollout   : median {mo:.2f} s, {tokens_ours / mo:.1f} tok/s")
