@@ -103,7 +103,7 @@ class AsyncRollout:
         limits = LoopLimits(self.config.max_turns, self.config.max_total_tokens, self.config.episode_timeout_s)
         sem = asyncio.Semaphore(self.config.concurrency)
         total = len(rows) * self.config.n
-        bar = _progress_bar(total, self.progress, self.backend)
+        bar = _ProgressBar(total, self.progress, self.backend)
         t0 = time.perf_counter()
 
         async def episode(index: int, sample_id: int) -> dict:
@@ -136,7 +136,7 @@ class AsyncRollout:
         return asyncio.run(self.run(rows))
 
 
-class _progress_bar:
+class _ProgressBar:
     """A tqdm bar over episodes with mean reward, errors and generated tokens; silent when disabled.
 
     Episodes of a batch tend to finish together, so the bar also refreshes every couple of
