@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForC
 
 from verl_agentic.models.embedded import cache_root
 
+
 def _tokenizer_fingerprint(tokenizer_dir: str) -> str:
     """A short hash of the tokenizer folder's files, so that cached models of different
     vocabularies (e.g. Qwen2.5 and Qwen3, which share the folder layout) never collide."""

@@ -132,7 +132,7 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
             out = await maybe_await(task.gen(state, backend, turn_sampling))
         except Exception as e:
             raise EpisodeFailure("generation_error", f"gen: {type(e).__name__}: {e}") from e
-        _append_assistant(state, out, stop_ids, template)
+        stopped = _append_assistant(state, out, stop_ids, template)
 
         try:
             ob = await maybe_await(task.obs(state, out))
@@ -157,7 +157,7 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
             state.finish_reason = FINISH_MAX_TURNS
             return
 
-        stop_text = template.stop_text(out.token_ids[-1]) if ended_on_stop(out.token_ids, out.finish_reason, stop_ids) else None
+        stop_text = template.stop_text(out.token_ids[-1]) if stopped else None
         delta = template.delta_text(state.messages, ob.messages, generated_stop_text=stop_text, tools=state.tools)
         delta_ids = template.encode(delta)
         if state.num_tokens + len(delta_ids) >= limits.max_total_tokens:
@@ -171,10 +171,12 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
         _append_injected(state, ob.messages, delta, delta_ids)
 
 
-def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], template: ChatTemplate) -> None:
+def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], template: ChatTemplate) -> bool:
+    """Append a generated turn (mask 1, its logprobs); returns whether it ended on its stop token."""
     ids = list(out.token_ids)
     logprobs = list(out.logprobs) if out.logprobs is not None else [None] * len(ids)
-    content_ids = ids[:-1] if ended_on_stop(out.token_ids, out.finish_reason, stop_ids) else ids
+    stopped = ended_on_stop(ids, out.finish_reason, stop_ids)
+    content_ids = ids[:-1] if stopped else ids
     content = template.tokenizer.decode(content_ids, skip_special_tokens=False)
     start = len(state.response_ids)
     state.response_ids.extend(ids)
@@ -186,6 +188,7 @@ def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], t
     state.metrics["generated_tokens"] = state.metrics.get("generated_tokens", 0) + len(ids)
     if out.finish_reason == "length":
         state.metrics["truncated_turns"] = state.metrics.get("truncated_turns", 0) + 1
+    return stopped
 
 
 def _append_injected(state: EpisodeState, messages: list[dict], text: str, ids: list[int]) -> None:
