@@ -1,0 +1,554 @@
+"""``prime``: scores in a pool of worker processes, with per-sample timeouts that kill.
+
+How it survives bad scorers (each is tested):
+
+- **Hang**: every worker publishes the task it is running and when it started in shared memory.
+  A task running past ``timeout_s`` gets a ``timeout`` error and its worker's whole process group
+  is killed (SIGKILL) and replaced; the tasks queued behind it go back to the queue. A hung
+  scorer never holds a slot after its timeout.
+- **Stragglers**: a task running longer than ``straggler_s`` (default: 20x the typical sample
+  time, at least 50 ms) marks its worker as a straggler: the work queued behind it is handed to
+  others and a spare worker starts, so one slow sample does not stall the batch while it waits
+  for its timeout (up to ``max(32, 8 x num_workers)`` spares; a sleeping straggler costs a few
+  MB and no CPU).
+- **Memory**: each worker runs under an address-space limit (``memory_limit_mb``); a scorer
+  that allocates too much gets a ``MemoryError`` -> ``scorer_error``. A worker killed from
+  outside (OOM killer, segfault) gives ``worker_died`` for the sample it was running.
+- **Bad values**: NaN, strings, None -> ``invalid_score`` (same code path as ``naive``).
+
+Work is sent in chunks (results come back in chunks too) so the parent's per-sample cost is
+small; at most ``2 chunks x workers`` samples are in the pipes, and ``score_items`` keeps a
+bounded window of submitted samples, so memory stays bounded for any batch size.
+
+Workers are forked from a template process: a fresh interpreter (started with ``subprocess``,
+so no inherited torch threads and no re-import of the caller's ``__main__`` script, with the
+caller's ``sys.path``) that imports the scorers and what they preload once; a replacement
+worker then starts in milliseconds, warm. Each worker is its own session/process group.
+Scorers therefore must be importable: list their modules in ``reward.scorer_modules`` (or
+expose them through the ``verl_agentic.scorers`` entry points).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import mmap
+import multiprocessing.connection as mpc
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from verl_agentic.reward.base import (
+    RewardConfig,
+    RewardItem,
+    RewardManager,
+    RewardResult,
+    ScoreError,
+    register_reward_manager,
+)
+from verl_agentic.reward.progress import progress_bar
+
+_IDLE = -1.0
+_FLUSH_S = 0.02  # a worker sends its finished results at least this often
+_STARTUP_TIMEOUT_S = 120.0
+_FIRST_TASK_GRACE_S = 1.0
+_MIN_STRAGGLER_S = 0.05
+_MAX_FAILED_STARTS = 3
+
+
+class _SharedState:
+    """Two doubles in a shared memfd: the task a worker is running (-1: none) and since when (monotonic)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._mm = mmap.mmap(fd, 16)
+
+    @classmethod
+    def create(cls) -> "_SharedState":
+        fd = os.memfd_create("verl-agentic-scorer", 0)
+        os.ftruncate(fd, 16)
+        st = cls(fd)
+        st.set(_IDLE, 0.0)
+        return st
+
+    def set(self, task_id: float, started: float) -> None:
+        self._mm[:16] = struct.pack("dd", task_id, started)
+
+    def get(self) -> tuple[float, float]:
+        return struct.unpack("dd", self._mm[:16])
+
+    def close(self) -> None:
+        self._mm.close()
+        os.close(self.fd)
+
+
+def _zygote_main(sock_fd: int, memory_limit_mb: int, scorer_modules: list) -> None:
+    """The template process: imports the scorers (and what they preload) once, then forks a warm
+    worker per request. Requests carry the worker's connection and shared-state fds."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped automatically
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        from verl_agentic.reward.scorers import import_scorer_modules, preload_modules
+
+        import_scorer_modules(scorer_modules)
+        preload_modules()
+    except BaseException:
+        sock.sendall(b"F" + traceback.format_exc().encode()[:60000])
+        return
+    sock.sendall(b"R")
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(sock, 16, 2)
+        except OSError:
+            return
+        if len(fds) != 2:
+            return  # the pool closed its end
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                sock.close()
+                os.setsid()  # its own process group: a kill takes the scorer's children too
+                _worker_main(fds[0], fds[1], memory_limit_mb)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(struct.pack("q", pid))
+
+
+def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int) -> None:
+    """Worker process: score the chunks it receives, publishing the running task in shared memory."""
+    conn = mpc.Connection(conn_fd)
+    state = _SharedState(state_fd)
+    try:
+        if memory_limit_mb > 0:
+            import resource
+
+            limit = memory_limit_mb * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        from verl_agentic.reward.naive import score_one
+    except BaseException:
+        conn.send(("fatal", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if msg is None:
+            return
+        results, last_flush = [], time.monotonic()
+        for task_id, item, override, kwargs in msg:
+            started = time.monotonic()
+            state.set(task_id, started)
+            result = score_one(item, override, kwargs)
+            now = time.monotonic()
+            state.set(_IDLE, now)
+            results.append((task_id, result, now - started))
+            if now - last_flush > _FLUSH_S:
+                conn.send(("results", results))
+                results, last_flush = [], now
+        if results:
+            conn.send(("results", results))
+
+
+class _StartError(Exception):
+    pass
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise _StartError("the scorer template process exited")
+        buf += chunk
+    return buf
+
+
+@dataclass
+class _Task:
+    id: int
+    item: RewardItem
+    override: Optional[str]
+    kwargs: dict
+    future: Future
+
+
+@dataclass
+class _Worker:
+    pid: int
+    conn: mpc.Connection
+    state: _SharedState
+    sentinel: Any  # a pidfd (readable when the process exits) or, without pidfd support, the connection
+    spawned_at: float
+    ready: bool = False
+    straggler: bool = False
+    retiring: bool = False
+    done: int = 0  # tasks finished; a worker's first task may pay one-off imports, so it is not judged a straggler
+    outstanding: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # task id -> _Task
+
+    def running(self) -> tuple[Optional[int], float]:
+        task_id, started = self.state.get()
+        return (None, 0.0) if task_id == _IDLE else (int(task_id), started)
+
+    def alive(self) -> bool:
+        if isinstance(self.sentinel, int):  # pidfd: readable once the process has exited
+            return not mpc.wait([self.sentinel], timeout=0)
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class ScorerPool:
+    """Worker processes scoring ``RewardItem``s; ``submit`` returns a Future of a ``RewardResult``."""
+
+    def __init__(self, num_workers: int, *, timeout_s: Optional[float] = 30.0, memory_limit_mb: Optional[int] = 4096,
+                 scorer_modules: Sequence[str] = (), straggler_s: Optional[float] = None, max_spares: Optional[int] = None):
+        self.num_workers = max(1, int(num_workers))
+        self.timeout_s = timeout_s
+        self.memory_limit_mb = memory_limit_mb
+        self.scorer_modules = list(scorer_modules)
+        self.straggler_s = straggler_s
+        self.max_spares = max(32, 8 * self.num_workers) if max_spares is None else max_spares
+        self._lock = threading.RLock()
+        self._pending: collections.deque[_Task] = collections.deque()
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+        self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        self._typical_s = 0.005  # EWMA of sample time, for the straggler threshold
+        self._failed_starts = 0
+        self._zygote: Optional[tuple[subprocess.Popen, socket.socket]] = None
+        self.counters = collections.Counter()
+
+    # -- public ---------------------------------------------------------------------------
+    def submit(self, item: RewardItem, override: Optional[str] = None, kwargs: Optional[dict] = None) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ScorerPool is closed")
+            self._pending.append(_Task(next(self._ids), item, override, kwargs or {}, fut))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="verl-agentic-scorer-pool", daemon=True)
+                self._thread.start()
+        self._wake()
+        return fut
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for w in list(self._workers):
+            self._kill(w)
+        if self._zygote is not None:
+            self._zygote[1].close()  # the template sees EOF and exits
+            try:
+                self._zygote[0].wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote[0].kill()
+            self._zygote = None
+        for t in self._pending:
+            self._finish(t, "worker_died", "the scorer pool was closed")
+        self._pending.clear()
+
+    # -- dispatcher thread ----------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send_bytes(b"x")
+        except OSError:
+            pass
+
+    def _straggler_after(self, w: _Worker) -> float:
+        s = self.straggler_s if self.straggler_s is not None else max(_MIN_STRAGGLER_S, 20 * self._typical_s)
+        if w.done == 0:
+            s = max(s, _FIRST_TASK_GRACE_S)
+        return min(s, self.timeout_s / 2) if self.timeout_s else s
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                self._maintain()
+                self._dispatch()
+                waitables = [self._wake_r] + [w.conn for w in self._workers] + [w.sentinel for w in self._workers]
+                for obj in mpc.wait(waitables, timeout=self._next_deadline()):
+                    if obj is self._wake_r:
+                        while self._wake_r.poll():
+                            self._wake_r.recv_bytes()
+                for w in list(self._workers):
+                    self._drain(w)
+                self._check_workers()
+        except BaseException as e:  # a bug here must not leave futures hanging forever
+            msg = f"scorer pool dispatcher crashed: {type(e).__name__}: {e}"
+            for t in self._all_open_tasks():
+                if not t.future.done():
+                    t.future.set_result(RewardResult(None, {}, ScoreError("worker_died", msg).as_error()))
+            raise
+
+    def _all_open_tasks(self) -> list[_Task]:
+        tasks = list(self._pending)
+        for w in self._workers:
+            tasks.extend(w.outstanding.values())
+        return tasks
+
+    def _active(self) -> list[_Worker]:
+        return [w for w in self._workers if not w.straggler and not w.retiring]
+
+    def _maintain(self) -> None:
+        """Keep num_workers non-straggling workers, plus spares for stragglers (capped)."""
+        with self._lock:
+            has_work = bool(self._pending)
+        if not has_work and not self._workers:
+            return
+        stragglers = sum(1 for w in self._workers if w.straggler and not w.retiring)
+        while (len(self._active()) < self.num_workers
+               and len(self._workers) < self.num_workers + min(stragglers, self.max_spares)):
+            if not self._spawn():
+                return
+
+    def _ensure_zygote(self) -> socket.socket:
+        if self._zygote is not None and self._zygote[0].poll() is None:
+            return self._zygote[1]
+        if self._zygote is not None:
+            self._zygote[1].close()
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        cmd = [sys.executable, "-c", "import sys; from verl_agentic.reward.prime import _zygote_main; "
+               "_zygote_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])",
+               str(child_sock.fileno()), str(int(self.memory_limit_mb or 0)), *self.scorer_modules]
+        proc = subprocess.Popen(cmd, pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL)
+        child_sock.close()
+        parent_sock.settimeout(_STARTUP_TIMEOUT_S)
+        first = parent_sock.recv(65536)
+        if first[:1] != b"R":
+            proc.kill()
+            parent_sock.close()
+            raise _StartError(f"the scorer template process failed to start:\n{first[1:].decode(errors='replace')}")
+        self._zygote = (proc, parent_sock)
+        self.counters["templates_started"] += 1
+        return parent_sock
+
+    def _spawn(self) -> bool:
+        """Fork a worker from the warm template process, talking over a socketpair and publishing
+        its running task in a shared memfd (fresh interpreters, not forks of this process: no
+        inherited threads, no re-import of the caller's __main__)."""
+        try:
+            zygote = self._ensure_zygote()
+            parent_sock, child_sock = socket.socketpair()
+            state = _SharedState.create()
+            socket.send_fds(zygote, [b"w"], [child_sock.fileno(), state.fd])
+            pid = struct.unpack("q", _recv_exact(zygote, 8))[0]
+        except (_StartError, OSError) as e:
+            self._fail_start(str(e))
+            return False
+        child_sock.close()
+        conn = mpc.Connection(parent_sock.detach())
+        try:
+            sentinel = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            sentinel = conn
+        self._workers.append(_Worker(pid, conn, state, sentinel, time.monotonic()))
+        self.counters["workers_started"] += 1
+        return True
+
+    def _chunk_size(self) -> int:
+        with self._lock:
+            pending = len(self._pending)
+        return max(1, min(64, pending // (4 * max(1, len(self._active())))))
+
+    def _dispatch(self) -> None:
+        for w in self._active():
+            if not w.ready:
+                continue
+            while len(w.outstanding) < 2 * self._chunk_size():
+                with self._lock:
+                    n = min(self._chunk_size(), len(self._pending))
+                    chunk = [self._pending.popleft() for _ in range(n)]
+                chunk = [t for t in chunk if not t.future.done()]
+                if not chunk:
+                    break
+                for t in chunk:
+                    w.outstanding[t.id] = t
+                try:
+                    w.conn.send([(t.id, t.item, t.override, t.kwargs) for t in chunk])
+                except (OSError, ValueError):  # it died; _check_workers requeues
+                    break
+
+    def _drain(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                kind, payload = w.conn.recv()
+                if kind == "ready":
+                    w.ready = True
+                    self._failed_starts = 0
+                elif kind == "fatal":
+                    self._fail_start(f"a scorer worker failed to start:\n{payload}")
+                    self._kill(w)
+                    return
+                elif kind == "results":
+                    for task_id, result, seconds in payload:
+                        self._typical_s = 0.95 * self._typical_s + 0.05 * seconds
+                        w.done += 1
+                        task = w.outstanding.pop(task_id, None)
+                        if task is not None and not task.future.done():
+                            task.future.set_result(result)
+                            self.counters["scored"] += 1
+                    if w.straggler and w.running()[0] is None:
+                        w.straggler = False  # it recovered: keep it only if a slot is free
+                        w.retiring = len(self._active()) > self.num_workers
+                        if w.retiring:
+                            self._requeue(w)
+                            w.conn.send(None)
+        except (EOFError, OSError):
+            pass  # the sentinel reports the death
+
+    def _requeue(self, w: _Worker, skip: Optional[int] = None) -> None:
+        """Put ``w``'s unfinished tasks (but ``skip``, the one it is running) back at the queue's front."""
+        keep = w.outstanding.get(skip) if skip is not None else None
+        back = [t for tid, t in w.outstanding.items() if tid != skip and not t.future.done()]
+        w.outstanding.clear()
+        if keep is not None:
+            w.outstanding[skip] = keep
+        with self._lock:
+            self._pending.extendleft(reversed(back))
+        self.counters["requeued"] += len(back)
+
+    def _finish(self, task: Optional[_Task], type: str, message: str) -> None:
+        if task is not None and not task.future.done():
+            task.future.set_result(RewardResult(None, {}, ScoreError(type, message).as_error()))
+            self.counters[type] += 1
+
+    def _check_workers(self) -> None:
+        now = time.monotonic()
+        for w in list(self._workers):
+            running, started = w.running()
+            if not w.alive():
+                self._drain(w)
+                if w.retiring:
+                    pass
+                elif not w.ready:
+                    self._fail_start("a scorer worker exited before it was ready")
+                elif running is not None:  # it died inside a scorer call: that sample is the one to blame
+                    self._finish(w.outstanding.get(running), "worker_died",
+                                 "the scorer worker process died while scoring this sample "
+                                 "(killed from outside, e.g. by the OOM killer, or crashed)")
+                self._requeue(w)
+                self._release(w)
+                continue
+            if not w.ready:
+                if now - w.spawned_at > _STARTUP_TIMEOUT_S:
+                    self._kill(w)
+                    self._fail_start(f"a scorer worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
+                continue
+            if running is None:
+                continue
+            elapsed = now - started
+            if self.timeout_s is not None and elapsed > self.timeout_s:
+                self._drain(w)  # keep what it finished before the hang
+                self._kill(w)
+                self._finish(w.outstanding.get(running), "timeout",
+                             f"scorer ran past reward.timeout_s={self.timeout_s} s; its worker was killed")
+                self._requeue(w, skip=running)
+                self.counters["workers_killed"] += 1
+            elif not w.straggler and elapsed > self._straggler_after(w):
+                w.straggler = True
+                self.counters["stragglers"] += 1
+                self._requeue(w, skip=running)
+
+    def _fail_start(self, message: str) -> None:
+        self._failed_starts += 1
+        if self._failed_starts >= _MAX_FAILED_STARTS:
+            with self._lock:
+                tasks, self._pending = list(self._pending), collections.deque()
+            for t in tasks:
+                self._finish(t, "worker_died", message)
+
+    def _next_deadline(self) -> float:
+        now, soonest = time.monotonic(), 1.0
+        for w in self._workers:
+            running, started = w.running()
+            if running is not None:
+                limits = [self._straggler_after(w)] if not w.straggler else []
+                if self.timeout_s is not None:
+                    limits.append(self.timeout_s)
+                for lim in limits:
+                    soonest = min(soonest, max(0.0, started + lim - now) + 0.001)
+            elif w.outstanding:
+                soonest = min(soonest, 0.05)  # a chunk is queued but not started yet: look again soon
+        return soonest
+
+    def _kill(self, w: _Worker) -> None:
+        try:
+            os.killpg(w.pid, signal.SIGKILL)  # the group: the scorer's own children die too
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + 5
+        while w.alive() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._release(w)
+
+    def _release(self, w: _Worker) -> None:
+        if w in self._workers:
+            self._workers.remove(w)
+        for closer in (w.conn.close, w.state.close) + ((lambda: os.close(w.sentinel)),) * isinstance(w.sentinel, int):
+            try:
+                closer()
+            except OSError:
+                pass
+
+
+@register_reward_manager("prime")
+class PrimeRewardManager(RewardManager):
+    """Process-pool manager; see the module docstring. ``stats()`` adds the pool's counters."""
+
+    def __init__(self, config: Optional[RewardConfig] = None, **pool_kwargs: Any):
+        super().__init__(config)
+        cfg = self.config
+        self.pool = ScorerPool(cfg.workers, timeout_s=cfg.timeout_s, memory_limit_mb=cfg.memory_limit_mb,
+                               scorer_modules=cfg.scorer_modules, straggler_s=cfg.straggler_s, **pool_kwargs)
+
+    def submit(self, item: RewardItem) -> Future:
+        return self.pool.submit(item, self.config.scorer, self.config.scorer_kwargs)
+
+    def _score_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
+        window = threading.BoundedSemaphore(max(256, 64 * self.pool.num_workers))
+        futures: list[Future] = []
+        with progress_bar(len(items), "prime scoring", self.config.progress) as bar:
+            for item in items:
+                window.acquire()
+                fut = self.submit(item)
+                fut.add_done_callback(lambda _f: (window.release(), bar.update(1)))
+                futures.append(fut)
+            return [f.result() for f in futures]
+
+    async def ascore_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
+        return await asyncio.to_thread(self.score_items, items)
+
+    def stats(self) -> dict:
+        return {**super().stats(), **{f"pool/{k}": v for k, v in self.pool.counters.items()}}
+
+    def close(self) -> None:
+        self.pool.close()

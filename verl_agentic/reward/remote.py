@@ -1,0 +1,295 @@
+"""``swedev`` (alias ``remote``): scores through a reward server over HTTP.
+
+Start the server (``python -m verl_agentic.reward.server --port 8000``, see ``server.py``), then::
+
+    manager = make_reward_manager(RewardConfig(manager="swedev", url="http://host:8000"))
+    results = manager.score_items(items)          # or: await manager.ascore_items(items)
+
+The scores are the server's scorers' (the same ``run_scorer`` as ``naive``); the client adds
+transport, batching and fault handling:
+
+- **Batches**: consecutive runs of at most ``batch_size`` items whose JSON body stays under
+  ``MAX_BODY_BYTES`` (16 MB) and the server's own limit (read from ``GET /health``), so a batch
+  of 1 MB strings still goes through. At most ``concurrency`` requests are in flight, over one
+  ``aiohttp`` session per call. ``reward.scorer`` is sent as each item's ``scorer`` (when it names
+  none) and ``reward.scorer_kwargs`` with every request, so the semantics equal ``naive``'s.
+- **Request timeout**: ``request_timeout_s`` when set; else
+  ``T * ceil(concurrency * n / W) + 10`` seconds for a batch of ``n`` items, where ``T`` is the
+  server's per-item timeout and ``W`` its worker count (from ``GET /health``; before the server
+  has answered: ``timeout_s`` and ``num_workers``/CPU count of this config). That is the time the
+  server needs when every item in flight hangs until its timeout. With no per-item limit on
+  either side, a request has no time limit.
+- **Retries**: connection errors, timeouts, 5xx answers and malformed answers (not JSON, not
+  ``{"results": [...]}``, the wrong number of results, an invalid result) are retried up to
+  ``max_retries`` times, after ``retry_backoff_s`` doubling per retry (capped at 8 s) with
+  jitter. 4xx answers are not retried: a 413 splits the batch in halves, and a single item that
+  is still too large gets ``request_too_large``; any other 4xx gives every item of the batch
+  ``bad_response`` with the server's message.
+- **Exhausted retries**: every item of the batch gets ``service_unavailable`` (the server could
+  not be reached / answered 5xx / timed out) or ``bad_response`` (it answered garbage), never a
+  silent 0; ``failure_policy`` then sets the score as for any failed sample.
+
+``stats()`` adds ``requests`` (HTTP attempts), ``retries`` and ``failed_requests`` (batches
+given up on). The sync API runs the requests on a private event loop in a helper thread, so
+it works whether or not the calling thread runs an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Optional, Sequence
+from urllib.parse import urlparse
+
+import aiohttp
+
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.reward.base import (
+    REWARD_MANAGERS,
+    RewardConfig,
+    RewardError,
+    RewardItem,
+    RewardManager,
+    RewardResult,
+    register_reward_manager,
+)
+from verl_agentic.reward.progress import progress_bar
+
+MAX_BODY_BYTES = 16 * 2**20  # per request, unless the server accepts less
+BACKOFF_CAP_S = 8.0
+HEALTH_TIMEOUT_S = 5.0
+_ENVELOPE_BYTES = 4096  # room for the request's non-item fields
+
+
+class _Failed(Exception):
+    """One attempt at a batch failed: ``retry`` says whether another attempt may help."""
+
+    def __init__(self, type: str, message: str, retry: bool):
+        super().__init__(message)
+        self.type, self.message, self.retry = type, message, retry
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@register_reward_manager("swedev")
+class SWEDevRewardManager(RewardManager):
+    """Client of ``python -m verl_agentic.reward.server``; see the module docstring."""
+
+    def __init__(self, config: Optional[RewardConfig] = None):
+        config = config or RewardConfig(manager=self.name)
+        # The scorers run on the server: their modules need not be importable here.
+        super().__init__(replace(config, scorer_modules=[]))
+        self.config = config
+        cfg = config
+        if not cfg.url:
+            raise ConfigError("reward.url is required for reward.manager=swedev: the http://host:port of a reward "
+                              "server (start one with `python -m verl_agentic.reward.server --port 8000`)")
+        parsed = urlparse(cfg.url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"reward.url must look like http://host:port, got {cfg.url!r}")
+        for key, low in (("batch_size", 1), ("concurrency", 1), ("max_retries", 0)):
+            if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < low:
+                raise ConfigError(f"reward.{key} must be an integer >= {low}, got {getattr(cfg, key)!r}")
+        if cfg.retry_backoff_s < 0:
+            raise ConfigError(f"reward.retry_backoff_s must be >= 0, got {cfg.retry_backoff_s}")
+        if cfg.request_timeout_s is not None and cfg.request_timeout_s <= 0:
+            raise ConfigError(f"reward.request_timeout_s must be > 0 or null, got {cfg.request_timeout_s}")
+        self.url = cfg.url.rstrip("/")
+        self._server: Optional[dict] = None  # GET /health, once it answered
+        self._net: Counter = Counter(requests=0, retries=0, failed_requests=0)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._loop_lock = threading.Lock()
+
+    # -- public -------------------------------------------------------------------------------
+    def _score_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name="verl-agentic-reward-client",
+                                                daemon=True)
+                self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self._score(list(items)), self._loop).result()
+
+    async def ascore_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
+        """Natively async (in the caller's loop); the same bookkeeping as ``score_items``."""
+        items = list(items)
+        t0 = time.perf_counter()
+        results = await self._score(items)
+        self._busy_s += time.perf_counter() - t0
+        for r in results:
+            self.config.apply_policy(r)
+            self._counts["items"] += 1
+            self._counts[f"error/{r.error.type}" if r.error else "ok"] += 1
+        return results
+
+    def stats(self) -> dict:
+        return {**super().stats(), **self._net}
+
+    def close(self) -> None:
+        with self._loop_lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+
+    # -- internals ------------------------------------------------------------------------------
+    def request_timeout(self, n: int) -> Optional[float]:
+        """Seconds allowed for one request of ``n`` items (see the module docstring)."""
+        cfg = self.config
+        if cfg.request_timeout_s is not None:
+            return cfg.request_timeout_s
+        server = self._server or {}
+        per_item = server["timeout_s"] if "timeout_s" in server else cfg.timeout_s
+        if per_item is None:
+            return None
+        workers = server.get("workers") or cfg.workers
+        return per_item * math.ceil(cfg.concurrency * n / max(1, int(workers))) + 10.0
+
+    async def _health(self, session: aiohttp.ClientSession) -> None:
+        """Learn the server's limits once; a server that does not answer yet is left to the retries."""
+        if self._server is not None:
+            return
+        try:
+            async with session.get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as r:
+                info = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        if isinstance(info, dict):
+            self._server = info
+
+    def _batches(self, encoded: list[bytes]) -> tuple[list[list[int]], list[int]]:
+        """Consecutive index runs within the item and byte limits; and the items too large to send."""
+        budget = MAX_BODY_BYTES
+        server_limit = (self._server or {}).get("max_request_bytes")
+        if isinstance(server_limit, int):
+            budget = min(budget, server_limit - _ENVELOPE_BYTES)
+        batches: list[list[int]] = []
+        too_large: list[int] = []
+        size = 0
+        for i, body in enumerate(encoded):
+            if isinstance(server_limit, int) and len(body) > server_limit - _ENVELOPE_BYTES:
+                too_large.append(i)
+                continue
+            if not batches or len(batches[-1]) >= self.config.batch_size or size + len(body) > budget:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += len(body) + 1
+        return batches, too_large
+
+    async def _score(self, items: list[RewardItem]) -> list[RewardResult]:
+        if not items:
+            return []
+        cfg = self.config
+        results: list[Optional[RewardResult]] = [None] * len(items)
+        encoded = []
+        for item in items:
+            d = item.as_dict()
+            d["scorer"] = d["scorer"] or cfg.scorer
+            encoded.append(json.dumps(d, separators=(",", ":")).encode())
+        connector = aiohttp.TCPConnector(limit=cfg.concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await self._health(session)
+            batches, too_large = self._batches(encoded)
+            for i in too_large:
+                results[i] = _failed("request_too_large", f"the item's JSON is {len(encoded[i])} bytes, over the "
+                                     f"server's limit of {self._server['max_request_bytes']} bytes per request")
+            sem = asyncio.Semaphore(cfg.concurrency)
+            with progress_bar(len(items), "remote scoring", cfg.progress) as bar:
+                await asyncio.gather(*(self._run_batch(session, sem, idx, encoded, results, bar) for idx in batches))
+        return [r if r is not None else _failed("bad_response", "no result (client bug)") for r in results]
+
+    async def _run_batch(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore, idx: list[int],
+                         encoded: list[bytes], results: list, bar: Any) -> None:
+        cfg = self.config
+        body = b'{"items":[' + b",".join(encoded[i] for i in idx) + b"]"
+        if cfg.scorer_kwargs:
+            body += b',"scorer_kwargs":' + json.dumps(cfg.scorer_kwargs).encode()
+        body += b"}"
+        attempt = 0
+        while True:
+            try:
+                async with sem:
+                    got = await self._post(session, body, len(idx))
+                break
+            except _TooLarge as e:
+                if len(idx) > 1:  # the server takes less than we thought: halve and go on
+                    half = len(idx) // 2
+                    await asyncio.gather(self._run_batch(session, sem, idx[:half], encoded, results, bar),
+                                         self._run_batch(session, sem, idx[half:], encoded, results, bar))
+                    return
+                got = [_failed("request_too_large", str(e))]
+                break
+            except _Failed as e:
+                if not e.retry or attempt >= cfg.max_retries:
+                    self._net["failed_requests"] += 1
+                    tries = f" (gave up after {attempt + 1} attempts)" if e.retry else ""
+                    got = [_failed(e.type, f"{e.message}{tries}") for _ in idx]
+                    break
+                delay = min(BACKOFF_CAP_S, cfg.retry_backoff_s * 2**attempt)
+                await asyncio.sleep(delay / 2 + random.uniform(0, delay / 2))
+                attempt += 1
+                self._net["retries"] += 1
+        for i, r in zip(idx, got):
+            results[i] = r
+        bar.update(len(idx))
+
+    async def _post(self, session: aiohttp.ClientSession, body: bytes, n: int) -> list[RewardResult]:
+        """One attempt: the batch's results, or ``_Failed`` / ``_TooLarge``."""
+        self._net["requests"] += 1
+        timeout = self.request_timeout(n)
+        try:
+            async with session.post(f"{self.url}/score", data=body, headers={"Content-Type": "application/json"},
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                status, raw = resp.status, await resp.read()
+        except TimeoutError:
+            raise _Failed("service_unavailable", f"no answer from {self.url} within {timeout} s "
+                          "(reward.request_timeout_s)", retry=True) from None
+        except aiohttp.ClientError as e:
+            raise _Failed("service_unavailable", f"cannot reach {self.url}: {type(e).__name__}: {e}",
+                          retry=True) from None
+        if status == 413:
+            raise _TooLarge(f"the server refused the request as too large (HTTP 413): {_message(raw)}")
+        if status >= 500:
+            raise _Failed("service_unavailable", f"{self.url} answered HTTP {status}: {_message(raw)}", retry=True)
+        if status != 200:
+            raise _Failed("bad_response", f"{self.url} rejected the request (HTTP {status}): {_message(raw)}",
+                          retry=not 400 <= status < 500)
+        try:
+            payload = json.loads(raw)
+            if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
+                raise ValueError(f"expected {{\"results\": [...]}}, got {raw[:200]!r}")
+            if len(payload["results"]) != n:
+                raise ValueError(f"{len(payload['results'])} results for {n} items")
+            return [RewardResult.from_dict(r) for r in payload["results"]]
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _Failed("bad_response", f"{self.url} answered a malformed result: {str(e)[:300]}",
+                          retry=True) from None
+
+
+def _failed(type: str, message: str) -> RewardResult:
+    return RewardResult(None, {}, RewardError(type, message))
+
+
+def _message(raw: bytes) -> str:
+    """The server's ``{"error": ...}`` message, else the start of the body."""
+    try:
+        payload = json.loads(raw)
+        if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+            return payload["error"]
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return raw[:300].decode("utf-8", "replace") or "(empty body)"
+
+
+REWARD_MANAGERS.register("remote", SWEDevRewardManager)

@@ -1,0 +1,70 @@
+"""GSM8K scorers.
+
+``gsm8k`` (aliases ``openai/gsm8k``): the answer is extracted as the gsm8k task does
+(``method``: ``strict`` = the number after ``####``; ``flexible`` = that, else the last number).
+
+- right answer                                  -> ``score`` (default 1.0)
+- a well-formed (``#### N``) but wrong answer   -> ``format_score`` (partial credit, default 0.0)
+- a parseable but not well-formed wrong answer  -> 0.0
+- no parseable answer                           -> ``no_answer_score`` (a format penalty, default 0.0)
+
+Extra: ``acc`` (1/0), ``answered`` (1/0), ``pred`` (the extracted answer or null).
+
+``gsm8k_symbolic``: the same decision, then checked symbolically with sympy
+(``sympify(pred) - sympify(truth)`` simplifies to 0), so ``3/4`` matches ``0.75``. It costs
+milliseconds per sample, which makes it the CPU-heavy scorer of the reward benchmarks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verl_agentic.reward.scorers import register_scorer
+from verl_agentic.tasks.gsm8k import extract_answer, normalize_number
+
+
+def _decide(pred: Optional[str], correct: bool, well_formed: bool, *, score: float, format_score: float,
+            no_answer_score: float) -> dict:
+    if pred is None:
+        value = no_answer_score
+    elif correct:
+        value = score
+    else:
+        value = format_score if well_formed else 0.0
+    return {"score": float(value), "acc": float(correct), "answered": float(pred is not None), "pred": pred}
+
+
+@register_scorer("gsm8k", aliases=("openai/gsm8k",))
+def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
+                method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
+                no_answer_score: float = 0.0) -> dict:
+    pred = extract_answer(solution_str, method)
+    truth = normalize_number(str(ground_truth))
+    if truth is None:
+        raise ValueError(f"ground_truth {ground_truth!r} is not a number")
+    well_formed = extract_answer(solution_str, "strict") is not None
+    return _decide(pred, pred == truth, well_formed, score=score, format_score=format_score,
+                   no_answer_score=no_answer_score)
+
+
+def _symbolic_equal(a: str, b: str) -> bool:
+    import sympy
+
+    try:
+        return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    except (sympy.SympifyError, TypeError, SyntaxError):
+        return False
+
+
+@register_scorer("gsm8k_symbolic", preload=("sympy",))
+def gsm8k_symbolic_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
+                         method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
+                         no_answer_score: float = 0.0) -> dict:
+    pred = extract_answer(solution_str, method)
+    truth = normalize_number(str(ground_truth))
+    if truth is None:
+        raise ValueError(f"ground_truth {ground_truth!r} is not a number")
+    correct = pred is not None and (_symbolic_equal(pred, truth) or pred == truth)  # always pays the check
+    well_formed = extract_answer(solution_str, "strict") is not None
+    return _decide(pred, correct, well_formed, score=score, format_score=format_score,
+                   no_answer_score=no_answer_score)
