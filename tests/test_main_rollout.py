@@ -18,7 +18,8 @@ def test_cli_writes_trajectories_summary_and_table(tiny_qwen_dir, tmp_path):
     out = tmp_path / "run"
     # run from another directory: the default data path resolves against the repository
     r = _run(f"model.path={tiny_qwen_dir}", "data.max_samples=3", "rollout.n=2", "rollout.max_turns=2",
-             "rollout.max_new_tokens=8", "task.gsm8k.feedback=always_verify", f"output.dir={out}", cwd=tmp_path)
+             "rollout.max_new_tokens=8", "task.gsm8k.feedback=always_verify", "reward.manager=prime", "reward.num_workers=2",
+             f"output.dir={out}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(trajs) == 6 and {t["task_type"] for t in trajs} == {"gsm8k"}
@@ -30,6 +31,12 @@ def test_cli_writes_trajectories_summary_and_table(tiny_qwen_dir, tmp_path):
     assert summary["backend"]["requests"] == 12
     assert "reward_mean" in r.stdout and "token exactness: 6/6 episodes ok" in r.stdout
     assert "rollout" in r.stderr  # the progress bar
+    # scored by the prime manager: the gsm8k scorer agrees with the task's own reward, sample by sample
+    assert summary["reward"]["manager"] == "prime" and summary["reward"]["ok"] == 6
+    for t in trajs:
+        assert t["score"] == t["reward"] and t["score_error"] is None
+        assert t["score_extra"]["acc"] == t["metrics"]["final_correct"]
+        assert t["ground_truth"] and t["data_source"] == "openai/gsm8k"
 
 
 def test_cli_unknown_task_type_lists_registered(tmp_path):
@@ -43,6 +50,8 @@ def test_cli_unknown_task_type_lists_registered(tmp_path):
     ("data.path=/no/such/data.jsonl", "dataset '/no/such/data.jsonl' does not exist"),
     ("rollout.backend=trtllm", "unknown rollout.backend 'trtllm'; available: hf"),
     ("task.gsm8k.feedback=maybe", "task.gsm8k.feedback must be one of"),
+    ("reward.manager=fancy", "unknown reward manager 'fancy'; registered: naive, prime"),
+    ("reward.failure_policy=ignore", "reward.failure_policy must be one of"),
 ])
 def test_cli_bad_input_is_one_clear_line(override, message, tmp_path, tiny_qwen_dir):
     r = _run(override, f"model.path={tiny_qwen_dir}" if "model.path" not in override else "seed=0",

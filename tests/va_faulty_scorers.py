@@ -6,6 +6,7 @@ server (``reward.scorer_modules=[va_faulty_scorers]`` with ``tests/`` on ``sys.p
 """
 
 import os
+import random
 import signal
 import time
 
@@ -39,6 +40,8 @@ def faulty_score(solution_str, ground_truth, extra_info=None, **kwargs):
             blocks.append(bytearray(256 * 2**20))
     if fault == "die":  # the worker process dies without a word
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "random":  # nondeterministic: managers cannot agree on it
+        return random.random()
     if fault == "sleep":
         time.sleep(float(extra_info.get("sleep_s", 0.1)))
     return gsm8k_score(solution_str, ground_truth, extra_info, **kwargs)

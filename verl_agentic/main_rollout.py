@@ -63,6 +63,17 @@ def make_backend(cfg: DictConfig) -> Any:
                                      max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
 
 
+def reward_manager(cfg: DictConfig):
+    """The reward manager configured in ``reward``, or None for ``reward.manager=none``."""
+    from verl_agentic.reward import RewardConfig, make_reward_manager
+
+    r = OmegaConf.to_container(cfg.reward, resolve=True) if "reward" in cfg else {"manager": "none"}
+    if r.get("manager") in (None, "none"):
+        return None
+    r.setdefault("progress", not cfg.output.quiet)
+    return make_reward_manager(RewardConfig.from_dict(r))
+
+
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary)."""
     import verl_agentic.tasks  # noqa: F401 - built-in tasks
@@ -78,6 +89,7 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
     rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
     resolve_tasks(rows, cfg.task_type, task_configs)  # before the model loads
+    scorer = reward_manager(cfg)  # config errors (unknown manager, missing url) before the model loads
     out_dir = Path(cfg.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     own_backend = backend is None
@@ -90,13 +102,22 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
                            seed=cfg.seed, progress=not quiet)
     try:
         trajectories = rollout.run_sync(rows)
+        reward_summary = None
+        if scorer is not None:
+            from verl_agentic.reward import score_trajectories
+
+            t0 = time.perf_counter()
+            score_trajectories(trajectories, scorer)
+            reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0, **scorer.stats()}
     finally:
+        if scorer is not None:
+            scorer.close()
         if own_backend:
             import asyncio
 
             asyncio.run(backend.close())
     summary: dict = {"tasks": summarize(trajectories, rollout.last_wall_s), "backend": backend.stats(),
-                     "config": OmegaConf.to_container(cfg, resolve=True)}
+                     "reward": reward_summary, "config": OmegaConf.to_container(cfg, resolve=True)}
     if cfg.output.check_drift:
         summary["drift"] = drift_summary(trajectories, backend.tokenizer, rollout_cfg.chat_template_kwargs,
                                          backend.stop_token_ids)

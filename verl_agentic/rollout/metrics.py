@@ -31,6 +31,10 @@ def summarize(trajectories: Iterable[dict], wall_s: float | None = None) -> dict
             "finish_reasons": dict(Counter(t["finish_reason"] for t in trajs)),
             "errors": dict(Counter(t["error"]["type"] for t in trajs if t["error"])),
         }
+        if any("score" in t for t in trajs):  # scored by a reward manager
+            scores = [t["score"] for t in trajs if t.get("score") is not None]
+            s["score_mean"] = sum(scores) / len(scores) if scores else None
+            s["score_errors"] = dict(Counter(t["score_error"]["type"] for t in trajs if t.get("score_error")))
         for k, vals in sorted(metric_values.items()):
             s[k] = sum(vals) if k in SUMMED_METRICS else sum(vals) / len(vals)
         if wall_s:

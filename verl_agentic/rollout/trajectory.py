@@ -2,9 +2,11 @@
 
 A trajectory is a plain dict (one JSON line), see DESIGN.md section 4::
 
-    {"uid", "task_type", "index", "sample_id", "prompt_ids", "response_ids", "response_mask",
-     "response_logprobs", "messages", "turns", "reward", "num_turns", "finish_reason",
-     "error", "metrics"}   (+ "tools" when the episode had tools)
+    {"uid", "task_type", "index", "sample_id", "data_source", "ground_truth", "extra_info",
+     "prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages", "turns",
+     "reward", "num_turns", "finish_reason", "error", "metrics"}
+    (+ "tools" when the episode had tools; + "score", "score_extra", "score_error" once a
+    reward manager scored it, see ``verl_agentic.reward``)
 
 ``check_drift`` verifies a trajectory against the chat template:
 
@@ -36,11 +38,15 @@ from verl_agentic.rollout.template import ChatTemplate
 def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, task_type: str,
                      index: int, sample_id: int) -> dict:
     metrics = {**state.metrics, **result.metrics}
+    row = state.row or {}
     traj = {
         "uid": uid,
         "task_type": task_type,
         "index": index,
         "sample_id": sample_id,
+        "data_source": row.get("data_source"),
+        "ground_truth": (row.get("reward_model") or {}).get("ground_truth"),
+        "extra_info": row.get("extra_info") or {},
         "prompt_ids": state.prompt_ids,
         "response_ids": state.response_ids,
         "response_mask": state.response_mask,

@@ -1,0 +1,101 @@
+"""Reward-manager throughput and hang tolerance, side by side in one run.
+
+    .venv/bin/python bench/reward_managers.py [--n 10000] [--workers 2] [--timeout-s 2] [--hang-frac 0.01]
+
+Inputs: N real GSM8K reference solutions from data/gsm8k/train.jsonl as responses, half scored
+against their own answer and half against another row's (so half are right), with the
+CPU-heavy ``gsm8k_symbolic`` scorer (extraction + a sympy equality check, ~0.7 ms each).
+
+1. naive vs prime vs swedev (a reward server started on loopback, with the same worker count):
+   samples/s, ratios prime/naive (target >= 1.8 on 2 cores) and swedev/prime (target >= 0.8),
+   and a check that all three return identical results.
+2. prime with ``hang_frac`` of the samples hanging forever (``time.sleep`` loop): wall time vs
+   the no-hang wall time W and the timeout T. A hung sample cannot finish before T after it
+   starts, and the last one starts near the end of the run, so ~W + T is the floor; the target
+   is wall <= T + 1.2 W (the floor plus 20% of W).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # va_faulty_scorers: the hanging scorer
+
+from verl_agentic.reward import RewardConfig, RewardItem, make_reward_manager  # noqa: E402
+from verl_agentic.reward.compare import reward_server  # noqa: E402
+from verl_agentic.tasks.gsm8k import ground_truth_from_solution  # noqa: E402
+
+
+def load_items(n: int) -> list[RewardItem]:
+    rows = [json.loads(line) for line in (REPO / "data/gsm8k/train.jsonl").read_text().splitlines() if line.strip()]
+    items = []
+    for i in range(n):
+        row = rows[i % len(rows)]
+        other = rows[(i * 7 + 3) % len(rows)]
+        truth = ground_truth_from_solution((row if i % 2 == 0 else other)["answer"])
+        items.append(RewardItem(row["answer"], truth, data_source="openai/gsm8k", task_type="gsm8k"))
+    return items
+
+
+def timed(cfg: dict, items: list[RewardItem]) -> tuple[float, list, dict]:
+    with make_reward_manager(RewardConfig.from_dict(cfg)) as m:
+        m.score_items(items[:64])  # warm up: processes, imports, connections
+        t0 = time.perf_counter()
+        results = m.score_items(items)
+        return time.perf_counter() - t0, results, m.stats()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=10_000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--timeout-s", type=float, default=2.0)
+    p.add_argument("--hang-frac", type=float, default=0.01)
+    a = p.parse_args()
+    print("command:", " ".join([".venv/bin/python", "bench/reward_managers.py", *sys.argv[1:]]))
+    items = load_items(a.n)
+    base = {"scorer": "gsm8k_symbolic", "num_workers": a.workers, "timeout_s": a.timeout_s,
+            "scorer_modules": ["va_faulty_scorers"]}
+
+    walls, results = {}, {}
+    walls["naive"], results["naive"], _ = timed({**base, "manager": "naive", "timeout_s": None}, items)
+    walls["prime"], results["prime"], _ = timed({**base, "manager": "prime"}, items)
+    with reward_server(a.workers, a.timeout_s, ["va_faulty_scorers"]) as url:
+        walls["swedev"], results["swedev"], _ = timed({**base, "manager": "swedev", "url": url, "batch_size": 256},
+                                                      items)
+    ref = [r.as_dict() for r in results["naive"]]
+    print(f"\n{a.n} samples, scorer gsm8k_symbolic, {a.workers} workers")
+    print(f"{'manager':8} {'wall s':>8} {'samples/s':>10} {'identical to naive':>19}")
+    for name, w in walls.items():
+        same = sum(x == y for x, y in zip(ref, (r.as_dict() for r in results[name])))
+        print(f"{name:8} {w:8.2f} {a.n / w:10.0f} {same:>12}/{a.n}")
+    print(f"prime/naive throughput: {walls['naive'] / walls['prime']:.2f}  (target >= 1.8)")
+    print(f"swedev/prime throughput: {walls['prime'] / walls['swedev']:.2f}  (target >= 0.8)")
+
+    hang_items = list(items)
+    step = int(round(1 / a.hang_frac))
+    hung = list(range(step // 2, a.n, step))
+    for i in hung:
+        hang_items[i] = RewardItem("x", "1", scorer="faulty", extra_info={"fault": "hang"})
+    hang_cfg = {**base, "manager": "prime", "scorer": None}
+    for it in hang_items:
+        if it.scorer is None:
+            it.scorer = "gsm8k_symbolic"
+    w_hang, r_hang, stats = timed(hang_cfg, hang_items)
+    w = walls["prime"]
+    timeouts = sum(1 for r in r_hang if r.error and r.error.type == "timeout")
+    others_ok = all(r_hang[i].as_dict() == ref[i] for i in range(a.n) if i not in set(hung))
+    print(f"\nprime with {len(hung)} hanging samples ({a.hang_frac:.1%}), timeout {a.timeout_s} s:")
+    print(f"  wall {w_hang:.2f} s; no-hang W {w:.2f} s; floor ~W+T {w + a.timeout_s:.2f} s; "
+          f"target T+1.2W {a.timeout_s + 1.2 * w:.2f} s -> {'met' if w_hang <= a.timeout_s + 1.2 * w else 'MISSED'}")
+    print(f"  {timeouts}/{len(hung)} hung samples got 'timeout'; all other results identical: {others_ok}")
+    print(f"  pool: {json.dumps({k: v for k, v in stats.items() if k.startswith('pool/')})}")
+
+
+if __name__ == "__main__":
+    main()
