@@ -42,12 +42,44 @@ def load_items(n: int) -> list[RewardItem]:
     return items
 
 
-def timed(cfg: dict, items: list[RewardItem]) -> tuple[float, list, dict]:
+def timed(cfg: dict, items: list[RewardItem], repeats: int) -> tuple[float, list, dict]:
+    """Median wall time of ``repeats`` runs on one warmed-up manager (this VM's timings are noisy)."""
+    walls = []
     with make_reward_manager(RewardConfig.from_dict(cfg)) as m:
         m.score_items(items[:64])  # warm up: processes, imports, connections
-        t0 = time.perf_counter()
-        results = m.score_items(items)
-        return time.perf_counter() - t0, results, m.stats()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            results = m.score_items(items)
+            walls.append(time.perf_counter() - t0)
+        return sorted(walls)[len(walls) // 2], results, m.stats()
+
+
+def _score_loop(items: list[RewardItem], seconds: float, out) -> None:
+    from verl_agentic.reward.scorers.gsm8k import gsm8k_symbolic_score
+
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        it = items[n % len(items)]
+        gsm8k_symbolic_score(it.solution_str, it.ground_truth)
+        n += 1
+    out.put(n)
+
+
+def parallel_ceiling(items: list[RewardItem], seconds: float = 3.0) -> float:
+    """Samples scored by 2 independent processes in ``seconds`` over those of 1: what any pool can reach."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    counts = []
+    for k in (1, 2):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_score_loop, args=(items, seconds, q)) for _ in range(k)]
+        for p in procs:
+            p.start()
+        counts.append(sum(q.get() for _ in procs))
+        for p in procs:
+            p.join()
+    return counts[1] / counts[0]
 
 
 def main() -> None:
@@ -56,6 +88,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=2.0)
     p.add_argument("--hang-frac", type=float, default=0.01)
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported")
     a = p.parse_args()
     print("command:", " ".join([".venv/bin/python", "bench/reward_managers.py", *sys.argv[1:]]))
     items = load_items(a.n)
@@ -63,11 +96,11 @@ def main() -> None:
             "scorer_modules": ["va_faulty_scorers"]}
 
     walls, results = {}, {}
-    walls["naive"], results["naive"], _ = timed({**base, "manager": "naive", "timeout_s": None}, items)
-    walls["prime"], results["prime"], _ = timed({**base, "manager": "prime"}, items)
+    walls["naive"], results["naive"], _ = timed({**base, "manager": "naive", "timeout_s": None}, items, a.repeats)
+    walls["prime"], results["prime"], prime_stats = timed({**base, "manager": "prime"}, items, a.repeats)
     with reward_server(a.workers, a.timeout_s, ["va_faulty_scorers"]) as url:
         walls["swedev"], results["swedev"], _ = timed({**base, "manager": "swedev", "url": url, "batch_size": 256},
-                                                      items)
+                                                      items, a.repeats)
     ref = [r.as_dict() for r in results["naive"]]
     print(f"\n{a.n} samples, scorer gsm8k_symbolic, {a.workers} workers")
     print(f"{'manager':8} {'wall s':>8} {'samples/s':>10} {'identical to naive':>19}")
@@ -76,6 +109,9 @@ def main() -> None:
         print(f"{name:8} {w:8.2f} {a.n / w:10.0f} {same:>12}/{a.n}")
     print(f"prime/naive throughput: {walls['naive'] / walls['prime']:.2f}  (target >= 1.8)")
     print(f"swedev/prime throughput: {walls['prime'] / walls['swedev']:.2f}  (target >= 0.8)")
+    print(f"prime pool: {json.dumps({k: v for k, v in prime_stats.items() if k.startswith('pool/')})}")
+    ceiling = parallel_ceiling(items[:2000])
+    print(f"this machine's ceiling: 2 processes scoring side by side do {ceiling:.2f}x the work of one")
 
     hang_items = list(items)
     step = int(round(1 / a.hang_frac))
@@ -86,7 +122,7 @@ def main() -> None:
     for it in hang_items:
         if it.scorer is None:
             it.scorer = "gsm8k_symbolic"
-    w_hang, r_hang, stats = timed(hang_cfg, hang_items)
+    w_hang, r_hang, stats = timed(hang_cfg, hang_items, a.repeats)
     w = walls["prime"]
     timeouts = sum(1 for r in r_hang if r.error and r.error.type == "timeout")
     others_ok = all(r_hang[i].as_dict() == ref[i] for i in range(a.n) if i not in set(hung))

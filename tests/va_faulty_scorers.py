@@ -7,6 +7,7 @@ server (``reward.scorer_modules=[va_faulty_scorers]`` with ``tests/`` on ``sys.p
 
 import os
 import random
+import subprocess
 import signal
 import time
 
@@ -20,12 +21,19 @@ def faulty_score(solution_str, ground_truth, extra_info=None, **kwargs):
     fault = extra_info.get("fault")
     if fault == "raise":
         raise RuntimeError("scorer exploded on purpose")
-    if fault == "hang":  # sleeps forever
+    if fault == "hang":  # sleeps forever (Python code: interruptible)
         while True:
             time.sleep(3600)
     if fault == "spin":  # burns CPU forever
         while True:
             pass
+    if fault == "c_hang":  # a C loop that holds the GIL and never checks for signals (hours)
+        sum(range(10**13))
+    if fault == "child_then_c_hang":  # starts a child process, then hangs in C
+        child = subprocess.Popen(["sleep", "300"])
+        with open(extra_info["pid_file"], "w") as f:
+            f.write(str(child.pid))
+        sum(range(10**13))
     if fault == "nan":
         return float("nan")
     if fault == "string":

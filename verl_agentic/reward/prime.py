@@ -6,10 +6,10 @@ How it survives bad scorers (each is tested):
   A task running past ``timeout_s`` gets a ``timeout`` error and its worker's whole process group
   is killed (SIGKILL) and replaced; the tasks queued behind it go back to the queue. A hung
   scorer never holds a slot after its timeout.
-- **Stragglers**: a task running longer than ``straggler_s`` (default: 20x the typical sample
-  time, at least 50 ms) marks its worker as a straggler: the work queued behind it is handed to
+- **Stragglers**: a task running longer than ``straggler_s`` (default: 8x the typical sample
+  time, at least 10 ms) marks its worker as a straggler: the work queued behind it is handed to
   others and a spare worker starts, so one slow sample does not stall the batch while it waits
-  for its timeout (up to ``max(32, 8 x num_workers)`` spares; a sleeping straggler costs a few
+  for its timeout (up to ``max(128, 16 x num_workers)`` spares; a sleeping straggler costs a few
   MB and no CPU).
 - **Memory**: each worker runs under an address-space limit (``memory_limit_mb``); a scorer
   that allocates too much gets a ``MemoryError`` -> ``scorer_error``. A worker killed from
@@ -62,23 +62,26 @@ _IDLE = -1.0
 _FLUSH_S = 0.02  # a worker sends its finished results at least this often
 _STARTUP_TIMEOUT_S = 120.0
 _FIRST_TASK_GRACE_S = 1.0
-_MIN_STRAGGLER_S = 0.05
+_MIN_STRAGGLER_S = float(os.environ.get("VERL_AGENTIC_PRIME_MIN_STRAGGLER_S", 0.1))
 _MAX_FAILED_STARTS = 3
 
 
 class _SharedState:
-    """Two doubles in a shared memfd: the task a worker is running (-1: none) and since when (monotonic)."""
+    """Three doubles in a shared memfd: the task a worker is running (-1: none), since when
+    (monotonic), and the revocation epoch (the parent bumps it when it takes back the worker's
+    queued chunks; the worker drops chunks sent under an older epoch)."""
 
     def __init__(self, fd: int):
         self.fd = fd
-        self._mm = mmap.mmap(fd, 16)
+        self._mm = mmap.mmap(fd, 24)
 
     @classmethod
     def create(cls) -> "_SharedState":
         fd = os.memfd_create("verl-agentic-scorer", 0)
-        os.ftruncate(fd, 16)
+        os.ftruncate(fd, 24)
         st = cls(fd)
         st.set(_IDLE, 0.0)
+        st.set_epoch(0)
         return st
 
     def set(self, task_id: float, started: float) -> None:
@@ -87,12 +90,18 @@ class _SharedState:
     def get(self) -> tuple[float, float]:
         return struct.unpack("dd", self._mm[:16])
 
+    def set_epoch(self, epoch: int) -> None:
+        self._mm[16:24] = struct.pack("d", epoch)
+
+    def epoch(self) -> int:
+        return int(struct.unpack("d", self._mm[16:24])[0])
+
     def close(self) -> None:
         self._mm.close()
         os.close(self.fd)
 
 
-def _zygote_main(sock_fd: int, memory_limit_mb: int, scorer_modules: list) -> None:
+def _zygote_main(sock_fd: int, memory_limit_mb: int, timeout_s: float, scorer_modules: list) -> None:
     """The template process: imports the scorers (and what they preload) once, then forks a warm
     worker per request. Requests carry the worker's connection and shared-state fds."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -119,7 +128,7 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, scorer_modules: list) -> No
             try:
                 sock.close()
                 os.setsid()  # its own process group: a kill takes the scorer's children too
-                _worker_main(fds[0], fds[1], memory_limit_mb)
+                _worker_main(fds[0], fds[1], memory_limit_mb, timeout_s)
             finally:
                 os._exit(0)
         for fd in fds:
@@ -127,9 +136,24 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, scorer_modules: list) -> No
         sock.sendall(struct.pack("q", pid))
 
 
-def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int) -> None:
-    """Worker process: score the chunks it receives, publishing the running task in shared memory."""
+class _SoftTimeout(BaseException):
+    """Raised inside a scorer by SIGALRM at its timeout (a BaseException: ``except Exception`` in a
+    scorer does not swallow it)."""
+
+
+def _alarm(signum, frame):
+    raise _SoftTimeout
+
+
+def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int, timeout_s: float) -> None:
+    """Worker process: score the chunks it receives, publishing the running task in shared memory.
+
+    With a timeout, each call runs under an interval timer whose SIGALRM interrupts Python code
+    (loops, sleeps) at the deadline, so the worker survives and goes on; code that does not return
+    to the interpreter (a C loop holding the GIL, e.g. catastrophic regex backtracking) is killed
+    by the parent a little later."""
     conn = mpc.Connection(conn_fd)
+    signal.signal(signal.SIGALRM, _alarm)
     state = _SharedState(state_fd)
     try:
         if memory_limit_mb > 0:
@@ -150,10 +174,21 @@ def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int) -> None:
         if msg is None:
             return
         results, last_flush = [], time.monotonic()
-        for task_id, item, override, kwargs in msg:
+        epoch, tasks = msg
+        for task_id, item, override, kwargs in tasks:
+            if state.epoch() != epoch:
+                break  # the parent took these back and gave them to another worker
             started = time.monotonic()
             state.set(task_id, started)
-            result = score_one(item, override, kwargs)
+            try:
+                if timeout_s > 0:
+                    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+                result = score_one(item, override, kwargs)
+            except _SoftTimeout:
+                result = RewardResult(None, {}, ScoreError(
+                    "timeout", f"scorer ran past reward.timeout_s={timeout_s:g} s and was interrupted").as_error())
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             now = time.monotonic()
             state.set(_IDLE, now)
             results.append((task_id, result, now - started))
@@ -197,6 +232,8 @@ class _Worker:
     ready: bool = False
     straggler: bool = False
     retiring: bool = False
+    standby: bool = False  # idle, warm, kept for the next straggler (no fork needed)
+    epoch: int = 0
     done: int = 0  # tasks finished; a worker's first task may pay one-off imports, so it is not judged a straggler
     outstanding: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # task id -> _Task
 
@@ -220,11 +257,16 @@ class ScorerPool:
     def __init__(self, num_workers: int, *, timeout_s: Optional[float] = 30.0, memory_limit_mb: Optional[int] = 4096,
                  scorer_modules: Sequence[str] = (), straggler_s: Optional[float] = None, max_spares: Optional[int] = None):
         self.num_workers = max(1, int(num_workers))
+        # Active processes kept busy: a few more than the CPUs asked for, so a sample that hangs
+        # (sleeping, not computing) does not idle a CPU while the straggler check catches up.
+        self.target_active = self.num_workers + int(os.environ.get("VERL_AGENTIC_PRIME_OVERCOMMIT", self.num_workers))
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
         self.scorer_modules = list(scorer_modules)
         self.straggler_s = straggler_s
-        self.max_spares = max(32, 8 * self.num_workers) if max_spares is None else max_spares
+        self.max_spares = max(128, 16 * self.num_workers) if max_spares is None else max_spares
+        self.max_standby = max(16, 4 * self.num_workers)
+        self.kill_grace_s = 1.0 if timeout_s is None else max(1.0, 0.25 * timeout_s)
         self._lock = threading.RLock()
         self._pending: collections.deque[_Task] = collections.deque()
         self._workers: list[_Worker] = []
@@ -239,16 +281,23 @@ class ScorerPool:
 
     # -- public ---------------------------------------------------------------------------
     def submit(self, item: RewardItem, override: Optional[str] = None, kwargs: Optional[dict] = None) -> Future:
-        fut: Future = Future()
+        """Queue one item; the Future resolves to its ``RewardResult`` (failures included, never an exception)."""
+        return self.submit_many([item], override, kwargs)[0]
+
+    def submit_many(self, items: Sequence[RewardItem], override: Optional[str] = None,
+                    kwargs: Optional[dict] = None) -> list[Future]:
+        """Queue several items at once (one wake-up of the dispatcher)."""
+        futures = [Future() for _ in items]
         with self._lock:
             if self._closed:
                 raise RuntimeError("ScorerPool is closed")
-            self._pending.append(_Task(next(self._ids), item, override, kwargs or {}, fut))
+            self._pending.extend(_Task(next(self._ids), item, override, kwargs or {}, fut)
+                                 for item, fut in zip(items, futures))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="verl-agentic-scorer-pool", daemon=True)
                 self._thread.start()
         self._wake()
-        return fut
+        return futures
 
     def close(self) -> None:
         with self._lock:
@@ -314,7 +363,7 @@ class ScorerPool:
         return tasks
 
     def _active(self) -> list[_Worker]:
-        return [w for w in self._workers if not w.straggler and not w.retiring]
+        return [w for w in self._workers if not (w.straggler or w.retiring or w.standby)]
 
     def _maintain(self) -> None:
         """Keep num_workers non-straggling workers, plus spares for stragglers (capped)."""
@@ -323,9 +372,13 @@ class ScorerPool:
         if not has_work and not self._workers:
             return
         stragglers = sum(1 for w in self._workers if w.straggler and not w.retiring)
-        while (len(self._active()) < self.num_workers
-               and len(self._workers) < self.num_workers + min(stragglers, self.max_spares)):
-            if not self._spawn():
+        standby = sorted((w for w in self._workers if w.standby), key=lambda w: w.done)  # warmest last
+        while len(self._active()) < self.target_active:
+            if standby:
+                standby.pop().standby = False  # warm and ready: no fork
+            elif stragglers > self.max_spares and len(self._workers) >= self.num_workers + self.max_spares:
+                return  # too many stragglers at once: wait for their timeouts
+            elif not self._spawn():
                 return
 
     def _ensure_zygote(self) -> socket.socket:
@@ -336,8 +389,9 @@ class ScorerPool:
         parent_sock, child_sock = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         cmd = [sys.executable, "-c", "import sys; from verl_agentic.reward.prime import _zygote_main; "
-               "_zygote_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])",
-               str(child_sock.fileno()), str(int(self.memory_limit_mb or 0)), *self.scorer_modules]
+               "_zygote_main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:])",
+               str(child_sock.fileno()), str(int(self.memory_limit_mb or 0)), str(self.timeout_s or 0),
+               *self.scorer_modules]
         proc = subprocess.Popen(cmd, pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL)
         child_sock.close()
@@ -393,7 +447,7 @@ class ScorerPool:
                 for t in chunk:
                     w.outstanding[t.id] = t
                 try:
-                    w.conn.send([(t.id, t.item, t.override, t.kwargs) for t in chunk])
+                    w.conn.send((w.epoch, [(t.id, t.item, t.override, t.kwargs) for t in chunk]))
                 except (OSError, ValueError):  # it died; _check_workers requeues
                     break
 
@@ -410,18 +464,21 @@ class ScorerPool:
                     return
                 elif kind == "results":
                     for task_id, result, seconds in payload:
-                        self._typical_s = 0.95 * self._typical_s + 0.05 * seconds
+                        if result.error is None:  # timeouts and crashes say nothing about typical cost
+                            self._typical_s = 0.95 * self._typical_s + 0.05 * min(seconds, 10 * self._typical_s)
                         w.done += 1
                         task = w.outstanding.pop(task_id, None)
                         if task is not None and not task.future.done():
                             task.future.set_result(result)
                             self.counters["scored"] += 1
-                    if w.straggler and w.running()[0] is None:
-                        w.straggler = False  # it recovered: keep it only if a slot is free
-                        w.retiring = len(self._active()) > self.num_workers
-                        if w.retiring:
-                            self._requeue(w)
-                            w.conn.send(None)
+                    if w.straggler and w.running()[0] is None and not w.outstanding:
+                        w.straggler = False  # it recovered: back to work, on standby, or retired
+                        if len(self._active()) > self.target_active:
+                            if sum(x.standby for x in self._workers) < self.max_standby:
+                                w.standby = True
+                            else:
+                                w.retiring = True
+                                w.conn.send(None)
         except (EOFError, OSError):
             pass  # the sentinel reports the death
 
@@ -430,6 +487,11 @@ class ScorerPool:
         keep = w.outstanding.get(skip) if skip is not None else None
         back = [t for tid, t in w.outstanding.items() if tid != skip and not t.future.done()]
         w.outstanding.clear()
+        w.epoch += 1  # the worker drops what is still queued in its pipe
+        try:
+            w.state.set_epoch(w.epoch)
+        except ValueError:  # its shared state is already released
+            pass
         if keep is not None:
             w.outstanding[skip] = keep
         with self._lock:
@@ -466,11 +528,12 @@ class ScorerPool:
             if running is None:
                 continue
             elapsed = now - started
-            if self.timeout_s is not None and elapsed > self.timeout_s:
+            if self.timeout_s is not None and elapsed > self.timeout_s + self.kill_grace_s:
                 self._drain(w)  # keep what it finished before the hang
                 self._kill(w)
                 self._finish(w.outstanding.get(running), "timeout",
-                             f"scorer ran past reward.timeout_s={self.timeout_s} s; its worker was killed")
+                             f"scorer ran past reward.timeout_s={self.timeout_s:g} s and did not respond to the "
+                             "interrupt; its worker process was killed")
                 self._requeue(w, skip=running)
                 self.counters["workers_killed"] += 1
             elif not w.straggler and elapsed > self._straggler_after(w):
@@ -493,7 +556,7 @@ class ScorerPool:
             if running is not None:
                 limits = [self._straggler_after(w)] if not w.straggler else []
                 if self.timeout_s is not None:
-                    limits.append(self.timeout_s)
+                    limits.append(self.timeout_s + self.kill_grace_s)
                 for lim in limits:
                     soonest = min(soonest, max(0.0, started + lim - now) + 0.001)
             elif w.outstanding:
@@ -534,15 +597,36 @@ class PrimeRewardManager(RewardManager):
         return self.pool.submit(item, self.config.scorer, self.config.scorer_kwargs)
 
     def _score_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
-        window = threading.BoundedSemaphore(max(256, 64 * self.pool.num_workers))
+        """Submit in blocks, keeping at most ``window`` samples queued or in flight (bounded memory).
+
+        The window counts completions in any order: a hung sample holds one slot until its
+        timeout, never the whole submission."""
+        block = 256
+        window = max(4 * block, 128 * self.pool.num_workers)
         futures: list[Future] = []
+        finished = threading.Condition()
+        completed = 0
+
+        def on_done(_f: Future) -> None:
+            nonlocal completed
+            with finished:
+                completed += 1
+                finished.notify()
+
         with progress_bar(len(items), "prime scoring", self.config.progress) as bar:
-            for item in items:
-                window.acquire()
-                fut = self.submit(item)
-                fut.add_done_callback(lambda _f: (window.release(), bar.update(1)))
-                futures.append(fut)
-            return [f.result() for f in futures]
+            shown = 0
+            for start in range(0, len(items), block):
+                with finished:
+                    finished.wait_for(lambda: len(futures) - completed < window)
+                    bar.update(completed - shown)
+                    shown = completed
+                new = self.pool.submit_many(items[start:start + block], self.config.scorer, self.config.scorer_kwargs)
+                for f in new:
+                    f.add_done_callback(on_done)
+                futures += new
+            results = [f.result() for f in futures]
+            bar.update(len(items) - shown)
+            return results
 
     async def ascore_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         return await asyncio.to_thread(self.score_items, items)

@@ -113,8 +113,9 @@ class _Scoring:
         manager, lock = await self._manager(scorer_kwargs)
         pool = self._pool()
         if pool is not None:
-            futures = [asyncio.wrap_future(pool.submit(item, None, scorer_kwargs)) for item in items]
-            results = list(await asyncio.gather(*futures))
+            futures = pool.submit_many(items, None, scorer_kwargs)
+            # one thread hand-off per request, not one event-loop wake-up per item
+            results = await asyncio.to_thread(lambda: [f.result() for f in futures])
         else:
             async with lock:  # e.g. naive: one batch at a time, or queueing would count against timeouts
                 results = await manager.ascore_items(items)

@@ -26,6 +26,7 @@ from verl_agentic.reward.base import RewardItem, ScoreError, normalize_score
 
 SCORERS: Registry[Callable[..., Any]] = Registry("scorer", "verl_agentic.scorers")
 _PRELOAD: set[str] = set()
+_CANONICAL: dict[str, str] = {}  # alias -> the name it was registered with
 
 
 def register_scorer(name: str, fn: Optional[Callable] = None, *, aliases: Iterable[str] = (),
@@ -39,6 +40,7 @@ def register_scorer(name: str, fn: Optional[Callable] = None, *, aliases: Iterab
         return lambda f: register_scorer(name, f, aliases=aliases, preload=preload, replace=replace)
     for n in (name, *aliases):
         SCORERS.register(n, fn, replace=replace)
+        _CANONICAL[n] = name
     _PRELOAD.update(preload)
     return fn
 
@@ -83,7 +85,8 @@ def run_scorer(item: RewardItem, override: Optional[str] = None,
         raise ScoreError("bad_input", f"solution_str must be a string, got {type(item.solution_str).__name__}")
     name = resolve_scorer(item, override)
     fn = SCORERS[name]
-    kwargs = (scorer_kwargs or {}).get(name) or {}
+    # kwargs may be keyed by the scorer's name or by the alias that selected it
+    kwargs = (scorer_kwargs or {}).get(name) or (scorer_kwargs or {}).get(_CANONICAL.get(name, name)) or {}
     try:
         out = fn(item.solution_str, item.ground_truth, item.extra_info, **kwargs)
     except ScoreError:

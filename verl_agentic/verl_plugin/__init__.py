@@ -1,0 +1,17 @@
+"""verl plugin entry point (group ``verl.plugins``; ``import verl`` imports this module).
+
+Importing it registers verl_agentic's reward managers in verl's reward loop registry
+(``verl.experimental.reward_loop.reward_manager``), so a verl trainer selects them with
+``reward.reward_manager.name=agentic_naive|prime|swedev`` (see ``verl_plugin/reward.py`` for
+the settings under ``+reward.agentic.*``).
+
+verl imports every ``verl.plugins`` entry point inside ``import verl`` (in the driver and in
+every Ray worker) and swallows their errors at debug level; set
+``VERL_USE_EXTERNAL_PLUGINS=none`` to switch plugins off, or ``=verl_agentic`` to load only
+this one. If the names are missing, ``python -c "import verl_agentic.verl_plugin"`` shows the
+real import error.
+
+Keep this module small: it runs in every process that imports verl.
+"""
+
+from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
