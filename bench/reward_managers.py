@@ -3,8 +3,10 @@
     .venv/bin/python bench/reward_managers.py [--n 10000] [--workers 2] [--timeout-s 2] [--hang-frac 0.01]
 
 Inputs: N real GSM8K reference solutions from data/gsm8k/train.jsonl as responses, half scored
-against their own answer and half against another row's (so half are right), with the
-CPU-heavy ``gsm8k_symbolic`` scorer (extraction + a sympy equality check, ~0.7 ms each).
+against their own answer and half against another row's (so half are right), with a CPU-heavy
+scorer: ``gsm8k_symbolic`` (extraction + a sympy equality check, ~0.6 ms each; sympy keeps
+per-process caches, so fresh processes are slower at first) or ``fixed_cpu_cost`` (the gsm8k
+scorer plus a fixed busy loop of ``--cost-ms`` CPU time).
 
 1. naive vs prime vs swedev (a reward server started on loopback, with the same worker count):
    samples/s, ratios prime/naive (target >= 1.8 on 2 cores) and swedev/prime (target >= 0.8),
@@ -54,18 +56,20 @@ def timed(cfg: dict, items: list[RewardItem], repeats: int) -> tuple[float, list
         return sorted(walls)[len(walls) // 2], results, m.stats()
 
 
-def _score_loop(items: list[RewardItem], seconds: float, out) -> None:
-    from verl_agentic.reward.scorers.gsm8k import gsm8k_symbolic_score
+def _score_loop(items: list[RewardItem], scorer: str, cost_ms: float, seconds: float, out) -> None:
+    from verl_agentic.reward.scorers import SCORERS
 
+    fn = SCORERS[scorer]
+    kwargs = {"cost_ms": cost_ms} if scorer == "fixed_cpu_cost" else {}
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         it = items[n % len(items)]
-        gsm8k_symbolic_score(it.solution_str, it.ground_truth)
+        fn(it.solution_str, it.ground_truth, None, **kwargs)
         n += 1
     out.put(n)
 
 
-def parallel_ceiling(items: list[RewardItem], seconds: float = 3.0) -> float:
+def parallel_ceiling(items: list[RewardItem], scorer: str, cost_ms: float, seconds: float = 3.0) -> float:
     """Samples scored by 2 independent processes in ``seconds`` over those of 1: what any pool can reach."""
     import multiprocessing as mp
 
@@ -73,7 +77,7 @@ def parallel_ceiling(items: list[RewardItem], seconds: float = 3.0) -> float:
     counts = []
     for k in (1, 2):
         q = ctx.Queue()
-        procs = [ctx.Process(target=_score_loop, args=(items, seconds, q)) for _ in range(k)]
+        procs = [ctx.Process(target=_score_loop, args=(items, scorer, cost_ms, seconds, q)) for _ in range(k)]
         for p in procs:
             p.start()
         counts.append(sum(q.get() for _ in procs))
@@ -89,11 +93,14 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=2.0)
     p.add_argument("--hang-frac", type=float, default=0.01)
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported")
+    p.add_argument("--scorer", default="gsm8k_symbolic",
+                   help="gsm8k_symbolic (sympy; per-process caches) or fixed_cpu_cost (gsm8k + a fixed CPU cost)")
+    p.add_argument("--cost-ms", type=float, default=0.7, help="fixed_cpu_cost: CPU ms per sample")
     a = p.parse_args()
     print("command:", " ".join([".venv/bin/python", "bench/reward_managers.py", *sys.argv[1:]]))
     items = load_items(a.n)
-    base = {"scorer": "gsm8k_symbolic", "num_workers": a.workers, "timeout_s": a.timeout_s,
-            "scorer_modules": ["va_faulty_scorers"]}
+    base = {"scorer": a.scorer, "num_workers": a.workers, "timeout_s": a.timeout_s,
+            "scorer_modules": ["va_faulty_scorers"], "scorer_kwargs": {"fixed_cpu_cost": {"cost_ms": a.cost_ms}}}
 
     walls, results = {}, {}
     walls["naive"], results["naive"], _ = timed({**base, "manager": "naive", "timeout_s": None}, items, a.repeats)
@@ -102,7 +109,7 @@ def main() -> None:
         walls["swedev"], results["swedev"], _ = timed({**base, "manager": "swedev", "url": url, "batch_size": 256},
                                                       items, a.repeats)
     ref = [r.as_dict() for r in results["naive"]]
-    print(f"\n{a.n} samples, scorer gsm8k_symbolic, {a.workers} workers")
+    print(f"\n{a.n} samples, scorer {a.scorer}, {a.workers} workers")
     print(f"{'manager':8} {'wall s':>8} {'samples/s':>10} {'identical to naive':>19}")
     for name, w in walls.items():
         same = sum(x == y for x, y in zip(ref, (r.as_dict() for r in results[name])))
@@ -110,7 +117,7 @@ def main() -> None:
     print(f"prime/naive throughput: {walls['naive'] / walls['prime']:.2f}  (target >= 1.8)")
     print(f"swedev/prime throughput: {walls['prime'] / walls['swedev']:.2f}  (target >= 0.8)")
     print(f"prime pool: {json.dumps({k: v for k, v in prime_stats.items() if k.startswith('pool/')})}")
-    ceiling = parallel_ceiling(items[:2000])
+    ceiling = parallel_ceiling(items[:2000], a.scorer, a.cost_ms)
     print(f"this machine's ceiling: 2 processes scoring side by side do {ceiling:.2f}x the work of one")
 
     hang_items = list(items)
@@ -121,7 +128,7 @@ def main() -> None:
     hang_cfg = {**base, "manager": "prime", "scorer": None}
     for it in hang_items:
         if it.scorer is None:
-            it.scorer = "gsm8k_symbolic"
+            it.scorer = a.scorer
     w_hang, r_hang, stats = timed(hang_cfg, hang_items, a.repeats)
     w = walls["prime"]
     timeouts = sum(1 for r in r_hang if r.error and r.error.type == "timeout")

@@ -188,7 +188,9 @@ class RewardConfig:
     failure_policy: str = "mask"  # mask (score None) | zero (0.0) | penalty (``penalty``)
     penalty: float = -1.0
     # prime
-    num_workers: int = 0  # 0 = os.cpu_count()
+    num_workers: int = 0  # prime: CPU slots, 0 = os.cpu_count()
+    overcommit: Optional[int] = None  # prime: extra busy processes beyond num_workers (None = num_workers), so a
+    # sleeping hung sample does not idle a CPU before it is caught
     memory_limit_mb: Optional[int] = 4096  # address-space limit per worker; None = unlimited
     straggler_s: Optional[float] = None  # prime: spare a worker for a sample running this long; None = auto
     # swedev (remote)
@@ -274,7 +276,11 @@ class RewardManager(ABC):
         results = self._score_items(list(items))
         if len(results) != len(items):  # a manager bug, not a sample fault: say so loudly
             raise RuntimeError(f"{type(self).__name__} returned {len(results)} results for {len(items)} items")
-        self._busy_s += time.perf_counter() - t0
+        return self._account(results, time.perf_counter() - t0)
+
+    def _account(self, results: list[RewardResult], seconds: float) -> list[RewardResult]:
+        """Apply the failure policy and count: what every scoring entry point does last."""
+        self._busy_s += seconds
         for r in results:
             self.config.apply_policy(r)
             self._counts["items"] += 1

@@ -1,31 +1,41 @@
-"""``prime``: scores in a pool of worker processes, with per-sample timeouts that kill.
+"""``prime``: scores in a pool of worker processes, with per-sample timeouts that hold.
 
 How it survives bad scorers (each is tested):
 
-- **Hang**: every worker publishes the task it is running and when it started in shared memory.
-  A task running past ``timeout_s`` gets a ``timeout`` error and its worker's whole process group
-  is killed (SIGKILL) and replaced; the tasks queued behind it go back to the queue. A hung
-  scorer never holds a slot after its timeout.
-- **Stragglers**: a task running longer than ``straggler_s`` (default: 8x the typical sample
-  time, at least 10 ms) marks its worker as a straggler: the work queued behind it is handed to
-  others and a spare worker starts, so one slow sample does not stall the batch while it waits
-  for its timeout (up to ``max(128, 16 x num_workers)`` spares; a sleeping straggler costs a few
-  MB and no CPU).
+- **Hang**: every worker publishes the task it is running, and since when, in shared memory.
+  At ``timeout_s`` a SIGALRM interrupts the scorer inside its worker (Python loops, sleeps,
+  waits): the sample gets ``timeout`` and the worker goes on. A scorer stuck where the signal
+  cannot reach (C code holding the GIL) is killed ``max(1 s, timeout_s / 4)`` later with its
+  whole process group, and replaced. Either way a hung scorer never holds a slot after that.
+- **Stragglers**: a sample running for 20x the typical sample time (at least 100 ms; with
+  ``straggler_s`` fixed), or for 10x / 10 ms when its worker is asleep rather than computing
+  (``/proc/PID/stat``; how a hung scorer usually looks), makes its worker a straggler: the work
+  queued behind it goes to other workers and a warm standby (or a new worker) takes its place,
+  so one slow sample does not stall the batch while it waits for its timeout. Up to
+  ``max(128, 16 x num_workers)`` stragglers get a replacement; a sleeping one costs a few MB and
+  no CPU. A recovered straggler becomes a standby (up to ``max(64, 8 x num_workers)``).
+- **CPUs**: ``num_workers`` CPU slots (default: all CPUs), with ``overcommit`` more processes kept
+  busy (default: as many again), so a sample that hangs asleep does not idle a CPU before it is
+  caught. CPU-bound work loses nothing to the extra processes.
 - **Memory**: each worker runs under an address-space limit (``memory_limit_mb``); a scorer
   that allocates too much gets a ``MemoryError`` -> ``scorer_error``. A worker killed from
   outside (OOM killer, segfault) gives ``worker_died`` for the sample it was running.
-- **Bad values**: NaN, strings, None -> ``invalid_score`` (same code path as ``naive``).
+- **Bad values**: NaN, strings, None -> ``invalid_score`` (the same code path as ``naive``).
 
 Work is sent in chunks (results come back in chunks too) so the parent's per-sample cost is
-small; at most ``2 chunks x workers`` samples are in the pipes, and ``score_items`` keeps a
-bounded window of submitted samples, so memory stays bounded for any batch size.
+small; at most 2 chunks per worker are in its pipe, and ``score_items`` keeps a bounded window
+of submitted samples (counted by completions, in any order), so memory stays bounded for any
+batch size and a hung sample holds one slot of the window, not the submission.
 
 Workers are forked from a template process: a fresh interpreter (started with ``subprocess``,
 so no inherited torch threads and no re-import of the caller's ``__main__`` script, with the
-caller's ``sys.path``) that imports the scorers and what they preload once; a replacement
-worker then starts in milliseconds, warm. Each worker is its own session/process group.
-Scorers therefore must be importable: list their modules in ``reward.scorer_modules`` (or
-expose them through the ``verl_agentic.scorers`` entry points).
+caller's ``sys.path``) that imports the scorers and what they preload once, then freezes its
+heap for the GC; a replacement worker starts in milliseconds, warm. Each worker is its own
+session / process group. Scorers must therefore be importable: list their modules in
+``reward.scorer_modules`` (or expose them through the ``verl_agentic.scorers`` entry points).
+
+``ScorerPool.submit`` / ``submit_many`` (Futures of ``RewardResult``s) are also used by the
+reward server, which shares one pool between concurrent requests.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import itertools
 import mmap
 import multiprocessing.connection as mpc
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -62,7 +73,8 @@ _IDLE = -1.0
 _FLUSH_S = 0.02  # a worker sends its finished results at least this often
 _STARTUP_TIMEOUT_S = 120.0
 _FIRST_TASK_GRACE_S = 1.0
-_MIN_STRAGGLER_S = float(os.environ.get("VERL_AGENTIC_PRIME_MIN_STRAGGLER_S", 0.1))
+_MIN_STRAGGLER_S = 0.1  # a sample running this long (at least) frees its queue for other workers...
+_MIN_QUICK_S = 0.01  # ... or this long if its worker is asleep (waiting, not computing)
 _MAX_FAILED_STARTS = 3
 
 
@@ -112,6 +124,10 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, timeout_s: float, scorer_mo
 
         import_scorer_modules(scorer_modules)
         preload_modules()
+        import gc
+
+        gc.collect()
+        gc.freeze()  # workers never scan (or copy-on-write-touch) the preloaded objects in GC
     except BaseException:
         sock.sendall(b"F" + traceback.format_exc().encode()[:60000])
         return
@@ -199,6 +215,15 @@ def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int, timeout_s: f
             conn.send(("results", results))
 
 
+def _sleeping(pid: int) -> bool:
+    """Whether the process is asleep (S/D in /proc), i.e. waiting rather than computing or runnable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"S", b"D")
+    except (OSError, IndexError):
+        return False
+
+
 class _StartError(Exception):
     pass
 
@@ -234,6 +259,7 @@ class _Worker:
     retiring: bool = False
     standby: bool = False  # idle, warm, kept for the next straggler (no fork needed)
     epoch: int = 0
+    exited: bool = False
     done: int = 0  # tasks finished; a worker's first task may pay one-off imports, so it is not judged a straggler
     outstanding: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # task id -> _Task
 
@@ -255,23 +281,26 @@ class ScorerPool:
     """Worker processes scoring ``RewardItem``s; ``submit`` returns a Future of a ``RewardResult``."""
 
     def __init__(self, num_workers: int, *, timeout_s: Optional[float] = 30.0, memory_limit_mb: Optional[int] = 4096,
-                 scorer_modules: Sequence[str] = (), straggler_s: Optional[float] = None, max_spares: Optional[int] = None):
+                 scorer_modules: Sequence[str] = (), straggler_s: Optional[float] = None, max_spares: Optional[int] = None,
+                 overcommit: Optional[int] = None):
         self.num_workers = max(1, int(num_workers))
         # Active processes kept busy: a few more than the CPUs asked for, so a sample that hangs
         # (sleeping, not computing) does not idle a CPU while the straggler check catches up.
-        self.target_active = self.num_workers + int(os.environ.get("VERL_AGENTIC_PRIME_OVERCOMMIT", self.num_workers))
+        self.target_active = self.num_workers + (self.num_workers if overcommit is None else max(0, overcommit))
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
         self.scorer_modules = list(scorer_modules)
         self.straggler_s = straggler_s
         self.max_spares = max(128, 16 * self.num_workers) if max_spares is None else max_spares
-        self.max_standby = max(16, 4 * self.num_workers)
+        self.max_standby = max(64, 8 * self.num_workers)
         self.kill_grace_s = 1.0 if timeout_s is None else max(1.0, 0.25 * timeout_s)
         self._lock = threading.RLock()
         self._pending: collections.deque[_Task] = collections.deque()
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
         self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._closed = False
         self._thread: Optional[threading.Thread] = None
         self._typical_s = 0.005  # EWMA of sample time, for the straggler threshold
@@ -316,6 +345,7 @@ class ScorerPool:
             except subprocess.TimeoutExpired:
                 self._zygote[0].kill()
             self._zygote = None
+        self._selector.close()
         for t in self._pending:
             self._finish(t, "worker_died", "the scorer pool was closed")
         self._pending.clear()
@@ -326,6 +356,12 @@ class ScorerPool:
             self._wake_w.send_bytes(b"x")
         except OSError:
             pass
+
+    def _quick_after(self, w: _Worker) -> float:
+        """A sample this old whose worker is asleep (not computing) is a straggler already."""
+        if w.done == 0:
+            return self._straggler_after(w)
+        return max(_MIN_QUICK_S, 10 * self._typical_s)
 
     def _straggler_after(self, w: _Worker) -> float:
         s = self.straggler_s if self.straggler_s is not None else max(_MIN_STRAGGLER_S, 20 * self._typical_s)
@@ -341,13 +377,20 @@ class ScorerPool:
                         return
                 self._maintain()
                 self._dispatch()
-                waitables = [self._wake_r] + [w.conn for w in self._workers] + [w.sentinel for w in self._workers]
-                for obj in mpc.wait(waitables, timeout=self._next_deadline()):
-                    if obj is self._wake_r:
+                # one persistent selector: the cost per wake-up does not grow with idle stragglers
+                readable: list[_Worker] = []
+                for key, _ in self._selector.select(timeout=self._next_deadline()):
+                    kind, w = key.data
+                    if kind == "wake":
                         while self._wake_r.poll():
                             self._wake_r.recv_bytes()
-                for w in list(self._workers):
-                    self._drain(w)
+                    elif kind == "conn":
+                        readable.append(w)
+                    else:  # its pidfd: the process exited
+                        w.exited = True
+                for w in readable:
+                    if w in self._workers:
+                        self._drain(w)
                 self._check_workers()
         except BaseException as e:  # a bug here must not leave futures hanging forever
             msg = f"scorer pool dispatcher crashed: {type(e).__name__}: {e}"
@@ -424,7 +467,11 @@ class ScorerPool:
             sentinel = os.pidfd_open(pid)
         except (AttributeError, OSError):
             sentinel = conn
-        self._workers.append(_Worker(pid, conn, state, sentinel, time.monotonic()))
+        w = _Worker(pid, conn, state, sentinel, time.monotonic())
+        self._workers.append(w)
+        self._selector.register(conn, selectors.EVENT_READ, ("conn", w))
+        if sentinel is not conn:
+            self._selector.register(sentinel, selectors.EVENT_READ, ("exit", w))
         self.counters["workers_started"] += 1
         return True
 
@@ -480,7 +527,7 @@ class ScorerPool:
                                 w.retiring = True
                                 w.conn.send(None)
         except (EOFError, OSError):
-            pass  # the sentinel reports the death
+            w.exited = w.exited or not w.alive()  # without a pidfd, EOF is how a death shows
 
     def _requeue(self, w: _Worker, skip: Optional[int] = None) -> None:
         """Put ``w``'s unfinished tasks (but ``skip``, the one it is running) back at the queue's front."""
@@ -507,7 +554,7 @@ class ScorerPool:
         now = time.monotonic()
         for w in list(self._workers):
             running, started = w.running()
-            if not w.alive():
+            if w.exited:
                 self._drain(w)
                 if w.retiring:
                     pass
@@ -536,7 +583,8 @@ class ScorerPool:
                              "interrupt; its worker process was killed")
                 self._requeue(w, skip=running)
                 self.counters["workers_killed"] += 1
-            elif not w.straggler and elapsed > self._straggler_after(w):
+            elif not w.straggler and (elapsed > self._straggler_after(w)
+                                      or (elapsed > self._quick_after(w) and _sleeping(w.pid))):
                 w.straggler = True
                 self.counters["stragglers"] += 1
                 self._requeue(w, skip=running)
@@ -554,7 +602,8 @@ class ScorerPool:
         for w in self._workers:
             running, started = w.running()
             if running is not None:
-                limits = [self._straggler_after(w)] if not w.straggler else []
+                limits = [self._quick_after(w), self._straggler_after(w)] if not w.straggler else []
+                limits = [lim for lim in limits if started + lim > now] or limits[-1:]
                 if self.timeout_s is not None:
                     limits.append(self.timeout_s + self.kill_grace_s)
                 for lim in limits:
@@ -576,6 +625,11 @@ class ScorerPool:
     def _release(self, w: _Worker) -> None:
         if w in self._workers:
             self._workers.remove(w)
+        for obj in {id(w.conn): w.conn, id(w.sentinel): w.sentinel}.values():
+            try:
+                self._selector.unregister(obj)
+            except (KeyError, ValueError, OSError):
+                pass
         for closer in (w.conn.close, w.state.close) + ((lambda: os.close(w.sentinel)),) * isinstance(w.sentinel, int):
             try:
                 closer()
@@ -591,7 +645,8 @@ class PrimeRewardManager(RewardManager):
         super().__init__(config)
         cfg = self.config
         self.pool = ScorerPool(cfg.workers, timeout_s=cfg.timeout_s, memory_limit_mb=cfg.memory_limit_mb,
-                               scorer_modules=cfg.scorer_modules, straggler_s=cfg.straggler_s, **pool_kwargs)
+                               scorer_modules=cfg.scorer_modules, straggler_s=cfg.straggler_s,
+                               overcommit=cfg.overcommit, **pool_kwargs)
 
     def submit(self, item: RewardItem) -> Future:
         return self.pool.submit(item, self.config.scorer, self.config.scorer_kwargs)

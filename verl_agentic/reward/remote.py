@@ -124,12 +124,7 @@ class SWEDevRewardManager(RewardManager):
         items = list(items)
         t0 = time.perf_counter()
         results = await self._score(items)
-        self._busy_s += time.perf_counter() - t0
-        for r in results:
-            self.config.apply_policy(r)
-            self._counts["items"] += 1
-            self._counts[f"error/{r.error.type}" if r.error else "ok"] += 1
-        return results
+        return self._account(results, time.perf_counter() - t0)
 
     def stats(self) -> dict:
         return {**super().stats(), **self._net}

@@ -23,28 +23,25 @@ from verl_agentic.reward.scorers import register_scorer
 from verl_agentic.tasks.gsm8k import extract_answer, normalize_number
 
 
-def _decide(pred: Optional[str], correct: bool, well_formed: bool, *, score: float, format_score: float,
-            no_answer_score: float) -> dict:
-    if pred is None:
-        value = no_answer_score
-    elif correct:
-        value = score
-    else:
-        value = format_score if well_formed else 0.0
-    return {"score": float(value), "acc": float(correct), "answered": float(pred is not None), "pred": pred}
-
-
-@register_scorer("gsm8k", aliases=("openai/gsm8k",))
-def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
-                method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
-                no_answer_score: float = 0.0) -> dict:
+def _score(solution_str: str, ground_truth: Any, method: str, score: float, format_score: float,
+           no_answer_score: float, symbolic: bool) -> dict:
     pred = extract_answer(solution_str, method)
     truth = normalize_number(str(ground_truth))
     if truth is None:
         raise ValueError(f"ground_truth {ground_truth!r} is not a number")
-    well_formed = extract_answer(solution_str, "strict") is not None
-    return _decide(pred, pred == truth, well_formed, score=score, format_score=format_score,
-                   no_answer_score=no_answer_score)
+    if pred is None:
+        correct = False
+    elif symbolic:  # always pays the check: the point of this scorer in the benchmarks
+        correct = _symbolic_equal(pred, truth) or pred == truth
+    else:
+        correct = pred == truth
+    if pred is None:
+        value = no_answer_score
+    elif correct:
+        value = score
+    else:  # partial credit only for a well-formed (#### N) wrong answer
+        value = format_score if extract_answer(solution_str, "strict") is not None else 0.0
+    return {"score": float(value), "acc": float(correct), "answered": float(pred is not None), "pred": pred}
 
 
 def _symbolic_equal(a: str, b: str) -> bool:
@@ -56,15 +53,15 @@ def _symbolic_equal(a: str, b: str) -> bool:
         return False
 
 
+@register_scorer("gsm8k", aliases=("openai/gsm8k",))
+def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
+                method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
+                no_answer_score: float = 0.0) -> dict:
+    return _score(solution_str, ground_truth, method, score, format_score, no_answer_score, symbolic=False)
+
+
 @register_scorer("gsm8k_symbolic", preload=("sympy",))
 def gsm8k_symbolic_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
                          method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
                          no_answer_score: float = 0.0) -> dict:
-    pred = extract_answer(solution_str, method)
-    truth = normalize_number(str(ground_truth))
-    if truth is None:
-        raise ValueError(f"ground_truth {ground_truth!r} is not a number")
-    correct = pred is not None and (_symbolic_equal(pred, truth) or pred == truth)  # always pays the check
-    well_formed = extract_answer(solution_str, "strict") is not None
-    return _decide(pred, correct, well_formed, score=score, format_score=format_score,
-                   no_answer_score=no_answer_score)
+    return _score(solution_str, ground_truth, method, score, format_score, no_answer_score, symbolic=True)
