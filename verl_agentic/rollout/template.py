@@ -40,8 +40,26 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template renders ``tools=`` itself (Qwen2.5/Qwen3 do, SmolLM2 does not)."""
+        return "tools" in str(self.tokenizer.chat_template)
+
+    def with_tools(self, messages: list[dict], tools: Optional[list[dict]]) -> list[dict]:
+        """For templates without tool support: the tools as a hermes-style block in the system message."""
+        if not tools or self.supports_tools:
+            return messages
+        from verl_agentic.tools.runner import tools_system_block
+
+        block = tools_system_block(tools)
+        if messages and messages[0].get("role") == "system":
+            return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}] + list(messages[1:])
+        return [{"role": "system", "content": block}] + list(messages)
+
     def render(self, messages: list[dict], *, add_generation_prompt: bool,
                tools: Optional[list[dict]] = None) -> str:
+        if tools and not self.supports_tools:
+            messages, tools = self.with_tools(messages, tools), None
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False,

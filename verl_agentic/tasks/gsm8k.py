@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, GenOutput, Observation, RolloutContext
@@ -116,6 +116,28 @@ class Gsm8kConfig:
     extraction: str = "flexible"
     retry_message: str = DEFAULT_RETRY_MESSAGE
     verify_message: str = DEFAULT_VERIFY_MESSAGE
+    # tools and interactions (see verl_agentic.tasks.tool_agent): when ``tools`` or ``interaction``
+    # is set, or a row names an interaction, the episode runs as a tool_agent episode
+    tools: Any = None
+    interaction: Any = None
+    parser: str = "hermes"
+    call_timeout_s: Optional[float] = 30.0
+    max_calls_per_turn: int = 8
+    parse_feedback: Optional[str] = None
+
+    def tool_agent_config(self, row: Optional[dict] = None):
+        """The tool_agent config of this episode, or None for the built-in feedback policies."""
+        from verl_agentic.tasks.tool_agent import ToolAgentConfig
+
+        named = ((row or {}).get("extra_info") or {}).get("interaction_kwargs", {}) or {}
+        interaction = self.interaction
+        if interaction is None and named.get("name"):
+            interaction = named["name"]  # a registered interaction class, with its defaults
+        if self.tools is None and interaction is None:
+            return None
+        return ToolAgentConfig(tools=self.tools, interaction=interaction, parser=self.parser,
+                               call_timeout_s=self.call_timeout_s, max_calls_per_turn=self.max_calls_per_turn,
+                               parse_feedback=self.parse_feedback)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Gsm8kConfig":
@@ -127,6 +149,11 @@ class Gsm8kConfig:
             raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
         if cfg.extraction not in EXTRACTIONS:
             raise ConfigError(f"task.gsm8k.extraction must be one of {EXTRACTIONS}, got {cfg.extraction!r}")
+        ta = cfg.tool_agent_config()
+        if ta is not None:
+            from verl_agentic.tasks.tool_agent import ToolAgentConfig
+
+            ToolAgentConfig.from_dict({k: getattr(ta, k) for k in ToolAgentConfig.KEYS}, "task.gsm8k")
         return cfg
 
 
@@ -190,5 +217,29 @@ def gsm8k_end(state: EpisodeState) -> EpisodeResult:
     })
 
 
-GSM8K = register_task("gsm8k", TaskSpec(start=gsm8k_start, obs=gsm8k_obs, end=gsm8k_end,
-                                         check_config=Gsm8kConfig.from_dict))
+async def _start(row: dict, ctx: RolloutContext) -> EpisodeState:
+    ta = Gsm8kConfig.from_dict(dict(ctx.task_config)).tool_agent_config(row)
+    if ta is None:
+        return gsm8k_start(row, ctx)
+    from verl_agentic.tasks.tool_agent import tool_agent_start
+
+    return await tool_agent_start(row, ctx, ta)
+
+
+async def _obs(state: EpisodeState, out: GenOutput) -> Observation:
+    if isinstance(state.task, Gsm8kState):
+        return gsm8k_obs(state, out)
+    from verl_agentic.tasks.tool_agent import tool_agent_obs
+
+    return await tool_agent_obs(state, out)
+
+
+async def _end(state: EpisodeState) -> EpisodeResult:
+    if state.task is None or isinstance(state.task, Gsm8kState):
+        return gsm8k_end(state)
+    from verl_agentic.tasks.tool_agent import tool_agent_end
+
+    return await tool_agent_end(state)
+
+
+GSM8K = register_task("gsm8k", TaskSpec(start=_start, obs=_obs, end=_end, check_config=Gsm8kConfig.from_dict))

@@ -1,0 +1,179 @@
+"""ToolRunner (concurrent calls, timeouts, crashes, parse errors) and the tool_agent task end to end."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from verl_agentic.backends.hf import HFBackend
+from verl_agentic.interactions import BaseInteraction, register_interaction
+from verl_agentic.interactions.registry import INTERACTION_CLASSES
+from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
+from verl_agentic.rollout.template import ChatTemplate
+from verl_agentic.tools import BaseTool, ToolResult, register_tool_class
+from verl_agentic.tools.registry import TOOL_CLASSES
+from verl_agentic.tools.runner import ToolRunner
+
+EVENTS: list[tuple] = []
+
+
+def _schema(name, **props):
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+        "type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": list(props)}}}
+
+
+@register_tool_class("test_sleepy")
+class SleepyTool(BaseTool):
+    DEFAULT_SCHEMA = _schema("sleepy", seconds="number")
+
+    async def create(self, instance_id=None, **kwargs):
+        EVENTS.append(("create", instance_id, kwargs))
+        return await super().create(instance_id, **kwargs)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        await asyncio.sleep(parameters["seconds"])
+        return ToolResult(f"slept {parameters['seconds']}", reward=0.25)
+
+    async def release(self, instance_id, **kwargs):
+        EVENTS.append(("release", instance_id))
+        await super().release(instance_id)
+
+
+@register_tool_class("test_broken")
+class BrokenTool(BaseTool):
+    DEFAULT_SCHEMA = _schema("broken")
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        raise RuntimeError("tool exploded")
+
+
+def _call(name, **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+async def test_runner_runs_calls_concurrently_and_reports_every_failure_kind():
+    tools = [SleepyTool(), BrokenTool()]
+    runner = ToolRunner(tools, "hermes", call_timeout_s=1.0)
+    await runner.start({"sleepy": {"create_kwargs": {"seed": 7}}})
+    assert EVENTS[-1][0] == "create" and EVENTS[-1][2] == {"seed": 7}
+    text = "Let me check. " + _call("sleepy", seconds=0.6) + _call("sleepy", seconds=0.6) + _call("broken") + \
+        _call("nope") + _call("sleepy", seconds=5) + _call("sleepy") + "<tool_call>{not json</tool_call>"
+    t0 = time.perf_counter()
+    turn = await runner.run_turn(text)
+    wall = time.perf_counter() - t0
+    assert wall < 1.6, wall  # the two 0.6 s calls and the 1 s timeout ran side by side
+    contents = [m["content"] for m in turn.messages]
+    assert [m["role"] for m in turn.messages] == ["tool"] * 6 + ["user"]
+    assert contents[0] == contents[1] == "slept 0.6"
+    assert "broken raised RuntimeError: tool exploded" in contents[2]
+    assert "unknown tool 'nope'" in contents[3] and "sleepy" in contents[3]
+    assert "timed out after 1.0 s" in contents[4]
+    assert "missing required arguments ['seconds']" in contents[5]
+    assert "could not be parsed" in contents[6]
+    await runner.close()
+    assert EVENTS[-1][0] == "release"
+    m = runner.metrics()
+    assert m == {"tool_calls": 6.0, "tool_ok": 2.0, "tool_error": 3.0, "tool_timeout": 1.0, "parse_errors": 1.0,
+                 "tool_turns": 1.0, "tool_reward": 0.5}
+    # a turn without calls: nothing to append
+    assert (await runner.run_turn("The answer is 4.")).messages == []
+
+
+def test_templates_without_tool_support_get_a_hermes_system_block(smol_tokenizer, qwen25_tokenizer):
+    tools = [SleepyTool().get_openai_tool_schema()]
+    msgs = [{"role": "user", "content": "hi"}]
+    smol = ChatTemplate(smol_tokenizer)
+    assert not smol.supports_tools
+    text = smol.render(msgs, add_generation_prompt=True, tools=tools)
+    assert text.startswith("<|im_start|>system\n# Tools") and '"name": "sleepy"' in text and "<tool_call>" in text
+    qwen = ChatTemplate(qwen25_tokenizer)
+    assert qwen.supports_tools
+    assert qwen.render(msgs, add_generation_prompt=True, tools=tools) == qwen25_tokenizer.apply_chat_template(
+        msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
+@register_interaction("test_recording")
+class RecordingInteraction(BaseInteraction):
+    """Always asks again; records its lifecycle; raises on demand to test finalize."""
+
+    async def start_interaction(self, instance_id=None, **kwargs):
+        iid = await super().start_interaction(instance_id, **kwargs)
+        EVENTS.append(("start_interaction", iid, kwargs.get("ground_truth")))
+        return iid
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        if kwargs.get("explode"):
+            raise RuntimeError("interaction exploded")
+        return False, "Please double-check.", 0.5, {}
+
+    async def calculate_score(self, instance_id, **kwargs):
+        return 0.75
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        EVENTS.append(("finalize", instance_id))
+        await super().finalize_interaction(instance_id)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_qwen_dir):
+    return HFBackend.from_pretrained(tiny_qwen_dir, max_batch_size=16, seed=0)
+
+
+def _row(uid, **interaction_kwargs):
+    return {"uid": uid, "task_type": "tool_agent", "prompt": [{"role": "user", "content": "What is 2+2?"}],
+            "reward_model": {"ground_truth": "4"}, "data_source": "openai/gsm8k",
+            "extra_info": {"interaction_kwargs": interaction_kwargs}}
+
+
+def test_tool_agent_episode_with_tools_and_named_interactions(tiny_backend):
+    EVENTS.clear()
+    task_cfg = {"tool_agent": {"tools": ["test_sleepy"], "call_timeout_s": 5,
+                               "interaction": [{"class_name": "test_recording"},
+                                               {"name": "retry", "class_name": "gsm8k"}]}}
+    rollout = AsyncRollout(tiny_backend, RolloutConfig(max_turns=3, max_new_tokens=10, max_total_tokens=1024,
+                                                       temperature=1.0), task_configs=task_cfg, seed=3)
+    rows = [_row("a", name="test_recording"), _row("b", name="retry"), _row("c", name="test_recording", explode=True)]
+    trajs = rollout.run_sync(rows)
+    a, b, c = trajs
+    for t in (a, b):
+        assert t["error"] is None and t["num_turns"] == 3 and t["finish_reason"] == "max_turns"
+        assert t["tools"][0]["function"]["name"] == "sleepy"
+        assert "<tools>" in tiny_backend.tokenizer.decode(t["prompt_ids"])  # Qwen2.5 renders tools= itself
+        report = check_drift(t, tiny_backend.tokenizer, stop_token_ids=tiny_backend.stop_token_ids)
+        assert report.ok, report.as_dict()
+    # the named interaction answered: test_recording asks to double-check with 0.5 per turn
+    assert [m["content"] for m in a["messages"] if m["role"] == "user"][1:] == ["Please double-check."] * 2
+    assert [x.get("reward") for x in a["turns"] if x["role"] == "assistant"] == [0.5, 0.5, 0.5]
+    assert a["reward"] == 0.75 and a["metrics"]["feedback_turns"] == 2.0 and a["metrics"]["tool_calls"] == 0.0
+    assert "incorrect" in [m["content"] for m in b["messages"] if m["role"] == "user"][1]  # gsm8k retry message
+    # a crashing interaction marks only its episode, and finalize still runs
+    assert c["error"]["type"] == "task_error" and "interaction exploded" in c["error"]["message"]
+    started = {e[1] for e in EVENTS if e[0] == "start_interaction"}
+    finalized = {e[1] for e in EVENTS if e[0] == "finalize"}
+    assert len(started) == 2 and started == finalized  # a, c (b used the gsm8k interaction)
+    assert all(e[2] == "4" for e in EVENTS if e[0] == "start_interaction")  # ground truth passed on
+    assert sum(1 for e in EVENTS if e[0] == "create") == sum(1 for e in EVENTS if e[0] == "release") == 3
+
+
+def test_tool_agent_config_errors_come_before_generation(tiny_backend):
+    from verl_agentic.interfaces import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown tool class 'nope'"):
+        AsyncRollout(tiny_backend, RolloutConfig(), task_configs={"tool_agent": {"tools": ["nope"]}}).run_sync(
+            [_row("x")])
+    with pytest.raises(ConfigError, match="unknown task.tool_agent keys \\['tool'\\]"):
+        AsyncRollout(tiny_backend, RolloutConfig(), task_configs={"tool_agent": {"tool": []}}).run_sync([_row("x")])
+
+
+def test_unknown_interaction_name_marks_the_episode_listing_configured(tiny_backend):
+    cfg = {"tool_agent": {"interaction": [{"class_name": "gsm8k"}]}}
+    (t,) = AsyncRollout(tiny_backend, RolloutConfig(max_new_tokens=4), task_configs=cfg).run_sync(
+        [_row("x", name="verify")])
+    assert t["error"]["type"] == "task_error" and "unknown interaction 'verify'; configured: gsm8k" in t["error"]["message"]
+
+
+def teardown_module():
+    for name in ("test_sleepy", "test_broken"):
+        TOOL_CLASSES.unregister(name)
+    INTERACTION_CLASSES.unregister("test_recording")

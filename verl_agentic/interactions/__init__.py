@@ -1,0 +1,11 @@
+"""Interactions (the environment / simulated-user side of multi-turn episodes). See ``base.py``."""
+
+from verl_agentic.interactions.base import BaseInteraction
+from verl_agentic.interactions.registry import (
+    INTERACTION_CLASSES,
+    Interactions,
+    load_interactions,
+    register_interaction,
+)
+
+__all__ = ["BaseInteraction", "INTERACTION_CLASSES", "Interactions", "load_interactions", "register_interaction"]

@@ -1,0 +1,50 @@
+"""Interactions: the environment's (or a simulated user's) side of a conversation.
+
+The semantics of verl's former interaction system (verl <= 0.7), so classes written for it port
+with a changed import (``from verl_agentic.interactions import BaseInteraction``)::
+
+    instance_id = await it.start_interaction(instance_id=None, **interaction_kwargs)
+    should_terminate, response, score, metadata = await it.generate_response(instance_id, messages)
+    score = await it.calculate_score(instance_id)
+    await it.finalize_interaction(instance_id)      # always runs (errors, cancellation)
+
+``generate_response`` sees the whole conversation (OpenAI-style messages, the last one the
+assistant's) and returns the next user message; ``should_terminate`` ends the episode (the
+response is then not sent). ``score`` is that turn's reward.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Optional
+
+
+class BaseInteraction:
+    def __init__(self, config: Optional[dict] = None):
+        self.config = dict(config or {})
+        self.name: str = self.config.get("name") or type(self).__name__
+        self._instance_dict: dict[str, dict] = {}
+
+    async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:
+        instance_id = instance_id or uuid.uuid4().hex
+        if instance_id in self._instance_dict:
+            raise ValueError(f"interaction instance {instance_id!r} already exists")
+        self._instance_dict[instance_id] = dict(kwargs)
+        return instance_id
+
+    async def generate_response(self, instance_id: str, messages: list[dict],
+                                **kwargs: Any) -> tuple[bool, str, float, dict]:
+        return True, "", 0.0, {}
+
+    async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
+        return 0.0
+
+    async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
+        self._instance_dict.pop(instance_id, None)
+
+    @staticmethod
+    def last_assistant_content(messages: list[dict]) -> str:
+        for m in reversed(messages):
+            if m.get("role") == "assistant":
+                return m.get("content") or ""
+        return ""

@@ -1,0 +1,114 @@
+"""Named interactions from config; the sample's ``interaction_kwargs.name`` picks one.
+
+YAML (as in verl's former ``interaction_config_path`` files)::
+
+    interaction:
+      - name: gsm8k                       # optional: generated from the class name when missing
+        class_name: gsm8k                 # a registered name or a dotted path
+        config: {}
+      - name: verify
+        class_name: code_verify
+        config: {feedback_message: "Are you sure? Can you write Python code to verify?", max_rounds: 3}
+
+Duplicate names are rejected; an unknown name at lookup lists the configured ones. A sample
+without ``interaction_kwargs.name`` gets ``gsm8k`` (verl's default) when that is configured,
+else the only configured interaction.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.registry import Registry
+
+INTERACTION_CLASSES: Registry[type] = Registry("interaction class", "verl_agentic.interactions")
+DEFAULT_NAME = "gsm8k"
+
+
+def register_interaction(name: str):
+    def decorator(cls: type) -> type:
+        INTERACTION_CLASSES.register(name, cls)
+        return cls
+    return decorator
+
+
+def _default_name(class_name: str) -> str:
+    base = class_name.rpartition(".")[2]
+    base = re.sub(r"Interaction$", "", base) or base
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
+
+
+def _resolve_class(class_name: str) -> type:
+    import verl_agentic.interactions.builtin  # noqa: F401
+
+    if class_name in INTERACTION_CLASSES:
+        return INTERACTION_CLASSES[class_name]
+    module, _, attr = class_name.rpartition(".")
+    if not module:
+        INTERACTION_CLASSES.get(class_name)  # raises, listing the registered ones
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"interaction class_name {class_name!r} cannot be imported: {e}") from e
+
+
+class Interactions:
+    """The configured interactions by name."""
+
+    def __init__(self, interactions: dict[str, Any]):
+        self.by_name = interactions
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+    def names(self) -> list[str]:
+        return sorted(self.by_name)
+
+    def select(self, interaction_kwargs: Optional[dict]) -> tuple[str, Any]:
+        name = (interaction_kwargs or {}).get("name")
+        if name is None:
+            if DEFAULT_NAME in self.by_name:
+                name = DEFAULT_NAME
+            elif len(self.by_name) == 1:
+                name = next(iter(self.by_name))
+            else:
+                raise ConfigError(f"the sample names no interaction (interaction_kwargs.name) and none is named "
+                                  f"{DEFAULT_NAME!r}; configured: {', '.join(self.names())}")
+        if name not in self.by_name:
+            raise ConfigError(f"unknown interaction {name!r}; configured: {', '.join(self.names()) or '(none)'}")
+        return name, self.by_name[name]
+
+
+def load_interactions(config: Union[str, Path, dict, list, None]) -> Interactions:
+    """From a YAML path, a ``{"interaction": [...]}`` dict, the list, or a bare class name."""
+    if config is None:
+        return Interactions({})
+    if isinstance(config, str) and not config.endswith((".yaml", ".yml")):
+        config = [{"class_name": config}]
+    if isinstance(config, (str, Path)):
+        import yaml
+
+        path = Path(config)
+        if not path.exists():
+            raise ConfigError(f"interaction config '{path}' does not exist")
+        config = yaml.safe_load(path.read_text()) or {}
+    entries = config.get("interaction", []) if isinstance(config, dict) else config
+    if not isinstance(entries, list):
+        raise ConfigError("interaction config: 'interaction' must be a list of {name, class_name, config}")
+    out: dict[str, Any] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ConfigError(f"interaction[{i}]: needs 'class_name' (and optional 'name', 'config')")
+        unknown = set(entry) - {"name", "class_name", "config"}
+        if unknown:
+            raise ConfigError(f"interaction[{i}]: unknown keys {sorted(unknown)}")
+        name = entry.get("name") or _default_name(entry["class_name"])
+        if name in out:
+            raise ConfigError(f"interaction name {name!r} is configured twice (interaction[{i}])")
+        cls = _resolve_class(entry["class_name"])
+        out[name] = cls({**(entry.get("config") or {}), "name": name})
+    return Interactions(out)

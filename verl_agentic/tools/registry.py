@@ -1,0 +1,200 @@
+"""Tool registry: tool classes by name, tools from YAML, and tools from plain Python functions.
+
+YAML (the format verl's older tool configs used; ``class_name`` is a registered name such as
+``python`` / ``calculator`` or a dotted import path)::
+
+    tools:
+      - class_name: python
+        config: {wall_timeout_s: 10}
+      - class_name: my_pkg.tools.SearchTool
+        config: {index: data/index.db}
+        tool_schema: {type: function, function: {name: search, description: ..., parameters: {...}}}
+
+Plain functions become tools with a schema built from the signature and docstring::
+
+    @tool
+    def add(a: int, b: int) -> int:
+        \"\"\"Add two integers.
+
+        Args:
+            a: the first number
+            b: the second number
+        \"\"\"
+        return a + b
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import re
+import typing
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.registry import Registry
+from verl_agentic.tools.base import BaseTool, ToolResult
+
+TOOL_CLASSES: Registry[type] = Registry("tool class", "verl_agentic.tools")
+FUNCTION_TOOLS: Registry["FunctionTool"] = Registry("function tool")
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def register_tool_class(name: str):
+    """Class decorator: ``@register_tool_class("search") class SearchTool(BaseTool): ...``."""
+    def decorator(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise ConfigError(f"@register_tool_class({name!r}) needs a BaseTool subclass, got {cls!r}")
+        TOOL_CLASSES.register(name, cls)
+        return cls
+    return decorator
+
+
+def _json_type(annotation: Any) -> dict:
+    origin = typing.get_origin(annotation)
+    if origin is Union:  # Optional[X]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _json_type(args[0]) if len(args) == 1 else {}
+    if origin in (list, tuple):
+        item = typing.get_args(annotation)
+        return {"type": "array", **({"items": _json_type(item[0])} if item else {})}
+    if origin is dict:
+        return {"type": "object"}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(annotation))}
+    return {"type": _JSON_TYPES[annotation]} if annotation in _JSON_TYPES else {}
+
+
+def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, {param: description}) from a Google-style docstring."""
+    doc = inspect.cleandoc(doc or "")
+    head, _, rest = doc.partition("\nArgs:")
+    params: dict[str, str] = {}
+    current = None
+    for line in rest.splitlines():
+        m = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
+        if m and (current is None or len(line) - len(line.lstrip()) <= 8):
+            current = m.group(1)
+            params[current] = m.group(2).strip()
+        elif current and line.strip():
+            params[current] += " " + line.strip()
+        elif not line.strip() and params:
+            current = None
+    return " ".join(head.split("\n\n")[0].split()), params
+
+
+def function_schema(fn: Callable, name: Optional[str] = None, description: Optional[str] = None) -> dict:
+    """An OpenAI function schema from ``fn``'s signature (type hints) and docstring."""
+    desc, param_docs = _docstring_parts(fn.__doc__ or "")
+    hints = typing.get_type_hints(fn)
+    props, required = {}, []
+    for pname, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        prop = _json_type(hints.get(pname, Any))
+        if pname in param_docs:
+            prop["description"] = param_docs[pname]
+        props[pname] = prop
+        if p.default is p.empty:
+            required.append(pname)
+    return {"type": "function", "function": {
+        "name": name or fn.__name__, "description": description or desc or fn.__name__,
+        "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+class FunctionTool(BaseTool):
+    """A plain (sync or async) Python function as a tool; sync ones run in a thread."""
+
+    def __init__(self, fn: Callable, name: Optional[str] = None, description: Optional[str] = None,
+                 config: Optional[dict] = None):
+        self.fn = fn
+        super().__init__(config, function_schema(fn, name, description))
+
+    async def execute(self, instance_id: str, parameters: dict, **kwargs: Any) -> ToolResult:
+        props = self.tool_schema["function"]["parameters"]["properties"]
+        unknown = set(parameters) - set(props)
+        missing = [p for p in self.required_arguments() if p not in parameters]
+        if unknown or missing:
+            return ToolResult(f"Error: {self.name}() " + "; ".join(
+                ([f"unknown arguments {sorted(unknown)}"] if unknown else [])
+                + ([f"missing arguments {missing}"] if missing else [])) + f". Expected: {sorted(props)}",
+                status="error")
+        if inspect.iscoroutinefunction(self.fn):
+            out = await self.fn(**parameters)
+        else:
+            out = await asyncio.to_thread(self.fn, **parameters)
+        return ToolResult.coerce(out if isinstance(out, (ToolResult, tuple)) else str(out))
+
+
+def tool(fn: Optional[Callable] = None, *, name: Optional[str] = None, description: Optional[str] = None):
+    """Decorator: register a plain function as a tool (``@tool`` or ``@tool(name="...")``)."""
+    def decorator(f: Callable) -> Callable:
+        ft = FunctionTool(f, name, description)
+        FUNCTION_TOOLS.register(ft.name, ft, source=f"{f.__module__}.{f.__qualname__}")
+        f.tool = ft
+        return f
+    return decorator(fn) if fn is not None else decorator
+
+
+def _import_class(class_name: str) -> type:
+    if class_name in TOOL_CLASSES:
+        return TOOL_CLASSES[class_name]
+    module, _, attr = class_name.rpartition(".")
+    if not module:
+        TOOL_CLASSES.get(class_name)  # raises: unknown name, lists the registered ones
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"tool class_name {class_name!r} cannot be imported: {e}; registered names: "
+                          f"{', '.join(TOOL_CLASSES.names())}") from e
+
+
+def load_tools(config: Union[str, Path, dict, list, None]) -> list[BaseTool]:
+    """Tools from a YAML file path, a ``{"tools": [...]}`` dict or the list itself.
+
+    Each entry: ``{class_name, config?, tool_schema?}``, or ``{function: name}`` for a function
+    registered with ``@tool``. Tool names must be unique.
+    """
+    import verl_agentic.tools.builtin  # noqa: F401 - registers python, calculator
+
+    if config is None:
+        return []
+    if isinstance(config, (str, Path)):
+        import yaml
+
+        path = Path(config)
+        if not path.exists():
+            raise ConfigError(f"tools config '{path}' does not exist")
+        config = yaml.safe_load(path.read_text()) or {}
+    entries = config.get("tools", []) if isinstance(config, dict) else config
+    if not isinstance(entries, list):
+        raise ConfigError(f"tools config: 'tools' must be a list, got {type(entries).__name__}")
+    tools: list[BaseTool] = []
+    for i, entry in enumerate(entries):
+        where = f"tools[{i}]"
+        if isinstance(entry, str):
+            entry = {"class_name": entry}
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+        if "function" in entry:
+            tools.append(FUNCTION_TOOLS[entry["function"]])
+            continue
+        unknown = set(entry) - {"class_name", "config", "tool_schema"}
+        if unknown or "class_name" not in entry:
+            raise ConfigError(f"{where}: needs 'class_name' (and optional 'config', 'tool_schema'); "
+                              f"unknown keys {sorted(unknown)}" if unknown else f"{where}: needs 'class_name'")
+        cls = _import_class(entry["class_name"])
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise ConfigError(f"{where}: {entry['class_name']!r} is not a BaseTool subclass")
+        try:
+            tools.append(cls(config=entry.get("config") or {}, tool_schema=entry.get("tool_schema")))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from e
+    names = [t.name for t in tools]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"tools config: duplicate tool names {dup}")
+    return tools

@@ -1,0 +1,141 @@
+"""Runs an episode's tool calls: parse the assistant text, execute the calls, count what happened.
+
+One ``ToolRunner`` per episode::
+
+    runner = ToolRunner(tools, parser="hermes", call_timeout_s=10)
+    await runner.start(tools_kwargs)              # create() every tool for this episode
+    turn = await runner.run_turn(assistant_text)  # -> TurnResult(messages, calls, parse_errors)
+    ...
+    await runner.close()                          # release() every tool, always
+
+Several calls of one turn run concurrently, each under ``call_timeout_s``. A call to an unknown
+tool, with missing arguments, that raises, or that times out returns an error message to the
+model (it is not an episode failure) and is counted. A turn whose markup cannot be parsed gets
+the parser's feedback message and counts as a parse error.
+
+Metrics (summed over the episode): ``tool_calls``, ``tool_ok``, ``tool_error``, ``tool_timeout``,
+``parse_errors``, ``tool_turns``; ``tool_reward`` sums the tools' step rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl_agentic.tools.base import BaseTool, ToolResult
+
+
+@dataclass
+class TurnResult:
+    messages: list[dict]  # tool messages (and a parse-feedback message) to append
+    calls: list = field(default_factory=list)  # parsed ToolCalls
+    results: list[ToolResult] = field(default_factory=list)
+    parse_errors: list = field(default_factory=list)
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.calls) or bool(self.parse_errors)
+
+
+class ToolRunner:
+    def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,
+                 max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None):
+        from verl_agentic.tools.parsers import get_parser
+
+        self.tools = {t.name: t for t in tools}
+        self.parser = get_parser(parser) if isinstance(parser, str) else parser
+        self.call_timeout_s = call_timeout_s
+        self.max_calls_per_turn = max_calls_per_turn
+        self.parse_feedback = parse_feedback
+        self.instance_ids: dict[str, str] = {}
+        self.counts: Counter = Counter()
+        self.reward = 0.0
+        self.episode_id = uuid.uuid4().hex
+
+    def schemas(self) -> list[dict]:
+        return [t.get_openai_tool_schema() for t in self.tools.values()]
+
+    async def start(self, tools_kwargs: Optional[dict] = None) -> None:
+        """``create`` every tool; ``tools_kwargs[name]`` (verl's per-sample ``create_kwargs``) goes to it."""
+        for name, t in self.tools.items():
+            kwargs = (tools_kwargs or {}).get(name) or {}
+            kwargs = kwargs.get("create_kwargs", kwargs) if isinstance(kwargs, dict) else {}
+            self.instance_ids[name] = await t.create(f"{self.episode_id}-{name}", **kwargs)
+
+    async def close(self) -> None:
+        """``release`` every created tool (errors are swallowed: release must not mask the episode)."""
+        for name, iid in list(self.instance_ids.items()):
+            try:
+                self.reward += float(await self.tools[name].calc_reward(iid) or 0.0)
+            except Exception:
+                self.counts["tool_release_error"] += 1
+            try:
+                await self.tools[name].release(iid)
+            except Exception:
+                self.counts["tool_release_error"] += 1
+        self.instance_ids.clear()
+
+    async def _call(self, call: Any) -> ToolResult:
+        t = self.tools.get(call.name)
+        if t is None:
+            return ToolResult(f"Error: unknown tool {call.name!r}. Available tools: {', '.join(sorted(self.tools))}",
+                              status="error")
+        missing = [a for a in t.required_arguments() if a not in call.arguments]
+        if missing:
+            return ToolResult(f"Error: {call.name} is missing required arguments {missing}", status="error")
+        t0 = time.perf_counter()
+        try:
+            out = await asyncio.wait_for(t.execute(self.instance_ids[call.name], call.arguments),
+                                         self.call_timeout_s)
+            result = ToolResult.coerce(out)
+        except asyncio.TimeoutError:
+            result = ToolResult(f"Error: {call.name} timed out after {self.call_timeout_s} s", status="timeout")
+        except Exception as e:  # a crashing tool is reported to the model and counted, never fatal
+            result = ToolResult(f"Error: {call.name} raised {type(e).__name__}: {str(e)[:500]}", status="error")
+        result.metrics.setdefault("latency_s", time.perf_counter() - t0)
+        return result
+
+    async def run_turn(self, text: str) -> TurnResult:
+        """Parse ``text`` and execute its calls; the messages to append (empty: no calls)."""
+        parsed = self.parser.parse(text)
+        calls = parsed.calls[: self.max_calls_per_turn]
+        messages: list[dict] = []
+        results: list[ToolResult] = []
+        if calls:
+            self.counts["tool_turns"] += 1
+            results = list(await asyncio.gather(*(self._call(c) for c in calls)))
+            for c, r in zip(calls, results):
+                self.counts["tool_calls"] += 1
+                self.counts[f"tool_{r.status}"] += 1
+                self.reward += r.reward
+                messages.append({"role": "tool", "name": c.name, "content": r.text})
+            if len(parsed.calls) > len(calls):
+                messages[-1]["content"] += (f"\n(Only the first {self.max_calls_per_turn} tool calls of a turn "
+                                            f"are run; {len(parsed.calls) - len(calls)} were ignored.)")
+        if parsed.errors:
+            self.counts["parse_errors"] += len(parsed.errors)
+            feedback = self.parse_feedback or self.parser.feedback_message(parsed.errors)
+            messages.append({"role": "user", "content": feedback})
+        return TurnResult(messages, calls, results, parsed.errors)
+
+    def metrics(self) -> dict[str, float]:
+        m = {k: float(self.counts.get(k, 0)) for k in ("tool_calls", "tool_ok", "tool_error", "tool_timeout",
+                                                     "parse_errors", "tool_turns")}
+        m["tool_reward"] = self.reward
+        return m
+
+
+def tools_system_block(tools: list[dict]) -> str:
+    """A hermes-style system prompt that describes ``tools``, for chat templates without ``tools=``."""
+    lines = ["# Tools", "", "You may call one or more functions to assist with the user query.", "",
+             "You are provided with function signatures within <tools></tools> XML tags:", "<tools>"]
+    lines += [json.dumps(t, ensure_ascii=False) for t in tools]
+    lines += ["</tools>", "", "For each function call, return a json object with function name and arguments "
+              "within <tool_call></tool_call> XML tags:", "<tool_call>",
+              '{"name": <function-name>, "arguments": <args-json-object>}', "</tool_call>"]
+    return "\n".join(lines)
