@@ -177,3 +177,18 @@ def teardown_module():
     for name in ("test_sleepy", "test_broken"):
         TOOL_CLASSES.unregister(name)
     INTERACTION_CLASSES.unregister("test_recording")
+
+
+def test_python_code_parser_turns_fenced_blocks_into_python_calls():
+    from verl_agentic.tools.parsers import get_parser
+
+    p = get_parser("python_code")
+    r = p.parse("Let me verify.\n```python\nprint(6 * 7)\n```\nSo #### 42\n```py\nx = 1\n")
+    assert [(c.name, c.arguments) for c in r.calls] == [("python", {"code": "print(6 * 7)"})]
+    assert r.content == "Let me verify.\n\nSo #### 42"
+    assert [e.type for e in r.errors] == ["unclosed_tag"]  # a block cut off by the token limit
+    assert "```python\nprint(6 * 7)\n```" in p.feedback_message(r.errors)
+    again = p.parse(p.format_calls(r.calls, "ok"))
+    assert again.calls[0].arguments == r.calls[0].arguments and again.content == "ok"
+    assert get_parser("python_code", tool_name="exec", argument="src").parse("```python\n1\n```").calls[0].name == "exec"
+    assert p.parse("```\nnot python\n```").calls == []  # only python fences

@@ -190,7 +190,7 @@ def _decode_arguments(value: Any, name: str) -> tuple[Optional[dict], Optional[P
     """``arguments`` as a dict: an object, a JSON string holding one, or absent/null (``{}``)."""
     if value is None:
         return {}, None
-    if False:
+    if isinstance(value, str):
         if not value.strip():
             return {}, None
         try:
@@ -214,7 +214,10 @@ def _call_from_object(obj: Any, raw: str) -> ToolCall | ParseError:
         obj = obj["function"]
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        got = 'no "name"' if name is None else ('"name" is empty' if isinstance(name, str) else f'"name" is {_kind(name)}')
+        if name is None:
+            got = 'no "name"'
+        else:
+            got = '"name" is empty' if isinstance(name, str) else f'"name" is {_kind(name)}'
         return ParseError("missing_name", f'the tool call needs a non-empty "name" string ({got})', raw)
     name = name.strip()
     args_value = obj["arguments"] if "arguments" in obj else obj.get("parameters")
@@ -518,8 +521,8 @@ class ReactParser(ToolCallParser):
             if not name_line:
                 errors.append(ParseError("missing_name", "'Action:' needs the tool name", raw))
             elif re.search(r"\s", name_line):
-                errors.append(ParseError("invalid_name", f"'Action:' must be just the tool name, got {_quote(name_line)}",
-                                         raw))
+                errors.append(ParseError("invalid_name", "'Action:' must be just the tool name, "
+                                                         f"got {_quote(name_line)}", raw))
             elif err is not None:
                 err.raw = raw
                 errors.append(err)
@@ -647,3 +650,7 @@ class OpenAIParser(ToolCallParser):
         message = {"role": "assistant", "content": content or None,
                    "tool_calls": [c.to_openai(default_id=f"call_{i}") for i, c in enumerate(calls)]}
         return json.dumps(message, ensure_ascii=False)
+
+
+# Parsers defined in their own modules, registered when the registry is first imported.
+from verl_agentic.tools import code_parser as _code_parser  # noqa: E402,F401 - registers "python_code"

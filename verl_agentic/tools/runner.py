@@ -45,6 +45,7 @@ class TurnResult:
 class ToolRunner:
     def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,
                  max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None):
+        import verl_agentic.tools.builtin  # noqa: F401 - built-in tools and parsers
         from verl_agentic.tools.parsers import get_parser
 
         self.tools = {t.name: t for t in tools}
@@ -113,7 +114,10 @@ class ToolRunner:
                 self.counts["tool_calls"] += 1
                 self.counts[f"tool_{r.status}"] += 1
                 self.reward += r.reward
-                messages.append({"role": "tool", "name": c.name, "content": r.text})
+                msg = {"role": "tool", "name": c.name, "content": r.text}
+                if getattr(c, "id", None):
+                    msg["tool_call_id"] = c.id
+                messages.append(msg)
             if len(parsed.calls) > len(calls):
                 messages[-1]["content"] += (f"\n(Only the first {self.max_calls_per_turn} tool calls of a turn "
                                             f"are run; {len(parsed.calls) - len(calls)} were ignored.)")
