@@ -192,3 +192,35 @@ def test_python_code_parser_turns_fenced_blocks_into_python_calls():
     assert again.calls[0].arguments == r.calls[0].arguments and again.content == "ok"
     assert get_parser("python_code", tool_name="exec", argument="src").parse("```python\n1\n```").calls[0].name == "exec"
     assert p.parse("```\nnot python\n```").calls == []  # only python fences
+
+
+def test_gsm8k_rows_that_name_an_interaction_use_it(tiny_backend):
+    """verl's convention: a row's interaction_kwargs.name picks the interaction, even with no config."""
+    row = {"uid": "g", "task_type": "gsm8k", "prompt": [{"role": "user", "content": "What is 2+2?"}],
+           "reward_model": {"ground_truth": "4"}, "data_source": "openai/gsm8k",
+           "extra_info": {"interaction_kwargs": {"name": "code_verify"}}}
+    plain = dict(row, uid="p", extra_info={})
+    rollout = AsyncRollout(tiny_backend, RolloutConfig(max_turns=3, max_new_tokens=8, max_total_tokens=1024),
+                           task_configs={"gsm8k": {"feedback": "retry"}}, seed=0)
+    named, builtin = rollout.run_sync([row, plain])
+    named_users = [m["content"] for m in named["messages"] if m["role"] == "user"][1:]
+    assert named_users and named_users[0] == "Are you sure? Can you write Python code to verify?"
+    builtin_users = [m["content"] for m in builtin["messages"] if m["role"] == "user"][1:]
+    assert builtin_users and builtin_users[0].startswith("Your answer is incorrect")  # the built-in retry policy
+
+
+async def test_cancelled_episode_still_finalizes_interaction_and_releases_tools(tiny_backend):
+    EVENTS.clear()
+    cfg = {"tool_agent": {"tools": ["test_sleepy"], "interaction": [{"class_name": "test_recording"}]}}
+    rollout = AsyncRollout(tiny_backend, RolloutConfig(max_turns=50, max_new_tokens=64, max_total_tokens=100_000),
+                           task_configs=cfg, seed=0)
+    task = asyncio.ensure_future(rollout.run([_row("k", name="test_recording")]))
+    deadline = time.monotonic() + 30
+    while not any(e[0] == "start_interaction" for e in EVENTS):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [e[0] for e in EVENTS].count("finalize") == 1 and [e[0] for e in EVENTS].count("release") == 1
