@@ -84,3 +84,14 @@ def test_yaml_tools_and_errors(tmp_path):
 def test_tool_result_coerces_verl_style_returns():
     assert ToolResult.coerce(("out", 0.5, {"m": 1})) == ToolResult("out", 0.5, {"m": 1})
     assert ToolResult.coerce("x") == ToolResult("x")
+
+
+def test_example_configs_load():
+    from verl_agentic.interactions import load_interactions
+
+    from va_testing import REPO
+
+    tools = load_tools(str(REPO / "examples/gsm8k_multiturn/tools.yaml"))
+    assert [t.name for t in tools] == ["python", "calculator"]
+    inter = load_interactions(str(REPO / "examples/gsm8k_multiturn/interaction.yaml"))
+    assert inter.names() == ["gsm8k", "verify"] and inter.select({})[0] == "gsm8k"
