@@ -269,15 +269,22 @@ def test_prime_worker_start_failure_is_reported_not_hung(tmp_path, monkeypatch):
     assert all(r.error.type == "worker_died" and "failed to start" in r.error.message for r in results)
 
 
+def _running_worker(m, timeout_s: float = 20.0):
+    """The pool worker that is running a sample (the pool keeps more processes than num_workers)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for w in list(m.pool._workers):
+            if w.running()[0] is not None:
+                return w
+        time.sleep(0.01)
+    raise AssertionError("no worker started the sample")
+
+
 def test_prime_sample_killed_from_outside_is_worker_died():
     cfg = {"manager": "prime", "num_workers": 1, "timeout_s": 30, "scorer_modules": ["va_faulty_scorers"]}
     with make_reward_manager(cfg) as m:
         fut = m.submit(RewardItem("x", "1", scorer="faulty", extra_info={"fault": "sleep", "sleep_s": 20}))
-        deadline = time.monotonic() + 10
-        while not m.pool._workers or m.pool._workers[0].running()[0] is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        os.kill(m.pool._workers[0].pid, signal.SIGKILL)  # as the OOM killer would
+        os.kill(_running_worker(m).pid, signal.SIGKILL)  # as the OOM killer would
         r = fut.result(timeout=10)
     assert r.error.type == "worker_died"
 
@@ -304,3 +311,15 @@ async def test_async_scoring_keeps_the_event_loop_free():
 def test_builtin_managers_are_registered():
     assert {"naive", "prime", "swedev"} <= set(REWARD_MANAGERS.names())
     assert isinstance(RewardResult.from_dict({"score": 1, "extra": {}, "error": None}), RewardResult)
+
+
+def test_closing_the_pool_resolves_samples_still_in_flight():
+    cfg = {"manager": "prime", "num_workers": 1, "timeout_s": 60, "scorer_modules": ["va_faulty_scorers"]}
+    m = make_reward_manager(cfg)
+    fut = m.submit(RewardItem("x", "1", scorer="faulty", extra_info={"fault": "sleep", "sleep_s": 30}))
+    _running_worker(m)
+    m.close()
+    r = fut.result(timeout=5)  # not left hanging
+    assert r.error.type == "worker_died" and "closed" in r.error.message
+    with pytest.raises(RuntimeError, match="closed"):
+        m.submit(RewardItem("#### 1", "1", "openai/gsm8k"))

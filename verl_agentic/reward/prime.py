@@ -306,6 +306,7 @@ class ScorerPool:
         self._typical_s = 0.005  # EWMA of sample time, for the straggler threshold
         self._failed_starts = 0
         self._zygote: Optional[tuple[subprocess.Popen, socket.socket]] = None
+        self._crash: Optional[str] = None
         self.counters = collections.Counter()
 
     # -- public ---------------------------------------------------------------------------
@@ -320,6 +321,8 @@ class ScorerPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("ScorerPool is closed")
+            if self._thread is not None and not self._thread.is_alive():
+                raise RuntimeError(f"ScorerPool's dispatcher stopped: {self._crash or 'unknown reason'}")
             self._pending.extend(_Task(next(self._ids), item, override, kwargs or {}, fut)
                                  for item, fut in zip(items, futures))
             if self._thread is None:
@@ -337,6 +340,8 @@ class ScorerPool:
         if self._thread is not None:
             self._thread.join(timeout=30)
         for w in list(self._workers):
+            for t in list(w.outstanding.values()):
+                self._finish(t, "worker_died", "the scorer pool was closed")
             self._kill(w)
         if self._zygote is not None:
             self._zygote[1].close()  # the template sees EOF and exits
@@ -393,7 +398,7 @@ class ScorerPool:
                         self._drain(w)
                 self._check_workers()
         except BaseException as e:  # a bug here must not leave futures hanging forever
-            msg = f"scorer pool dispatcher crashed: {type(e).__name__}: {e}"
+            msg = self._crash = f"scorer pool dispatcher crashed: {type(e).__name__}: {e}"
             for t in self._all_open_tasks():
                 if not t.future.done():
                     t.future.set_result(RewardResult(None, {}, ScoreError("worker_died", msg).as_error()))
