@@ -1,4 +1,4 @@
-# make demo : set up .venv (idempotent) and run multi-turn GSM8K rollouts on the embedded model
+# make demo : set up .venv (idempotent), run multi-turn GSM8K rollouts on the embedded model, write the HTML report
 # make test : set up .venv and run the test-suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -24,6 +24,7 @@ $(STAMP):
 
 demo: setup
 	$(PY) -m verl_agentic.main_rollout $(DEMO_ARGS) output.dir=outputs/demo
+	$(PY) -m verl_agentic.inspect outputs/demo
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
