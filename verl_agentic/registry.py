@@ -8,6 +8,7 @@ Python entry-point group, so third-party packages can register without edits her
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import inspect
 import threading
@@ -98,6 +99,21 @@ class Registry(Generic[T]):
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
             raise ConfigError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+
+    def get_or_import(self, name: str) -> T:
+        """A registered name, or else a dotted import path (``pkg.module.Attr``).
+
+        A bare unknown name is the usual error listing the registered ones; a dotted path that
+        does not import names it and lists them too.
+        """
+        if name in self or "." not in name:
+            return self.get(name)
+        module, _, attr = name.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"{self.kind} {name!r} cannot be imported: {e}; registered names: "
+                              f"{', '.join(self.names()) or '(none)'}") from e
 
     def source(self, name: str) -> str:
         self.get(name)

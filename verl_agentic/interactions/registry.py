@@ -17,7 +17,6 @@ else the only configured interaction.
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -40,20 +39,6 @@ def _default_name(class_name: str) -> str:
     base = class_name.rpartition(".")[2]
     base = re.sub(r"Interaction$", "", base) or base
     return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
-
-
-def _resolve_class(class_name: str) -> type:
-    import verl_agentic.interactions.builtin  # noqa: F401
-
-    if class_name in INTERACTION_CLASSES:
-        return INTERACTION_CLASSES[class_name]
-    module, _, attr = class_name.rpartition(".")
-    if not module:
-        INTERACTION_CLASSES.get(class_name)  # raises, listing the registered ones
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"interaction class_name {class_name!r} cannot be imported: {e}") from e
 
 
 class Interactions:
@@ -85,6 +70,8 @@ class Interactions:
 
 def load_interactions(config: Union[str, Path, dict, list, None]) -> Interactions:
     """From a YAML path, a ``{"interaction": [...]}`` dict, the list, or a bare class name."""
+    import verl_agentic.interactions.builtin  # noqa: F401 - registers gsm8k, code_verify
+
     if config is None:
         return Interactions({})
     if isinstance(config, str) and not config.endswith((".yaml", ".yml")):
@@ -109,6 +96,6 @@ def load_interactions(config: Union[str, Path, dict, list, None]) -> Interaction
         name = entry.get("name") or _default_name(entry["class_name"])
         if name in out:
             raise ConfigError(f"interaction name {name!r} is configured twice (interaction[{i}])")
-        cls = _resolve_class(entry["class_name"])
+        cls = INTERACTION_CLASSES.get_or_import(entry["class_name"])
         out[name] = cls({**(entry.get("config") or {}), "name": name})
     return Interactions(out)

@@ -26,7 +26,6 @@ Plain functions become tools with a schema built from the signature and docstrin
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import re
 import typing
@@ -139,19 +138,6 @@ def tool(fn: Optional[Callable] = None, *, name: Optional[str] = None, descripti
     return decorator(fn) if fn is not None else decorator
 
 
-def _import_class(class_name: str) -> type:
-    if class_name in TOOL_CLASSES:
-        return TOOL_CLASSES[class_name]
-    module, _, attr = class_name.rpartition(".")
-    if not module:
-        TOOL_CLASSES.get(class_name)  # raises: unknown name, lists the registered ones
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"tool class_name {class_name!r} cannot be imported: {e}; registered names: "
-                          f"{', '.join(TOOL_CLASSES.names())}") from e
-
-
 def load_tools(config: Union[str, Path, dict, list, None]) -> list[BaseTool]:
     """Tools from a YAML file path, a ``{"tools": [...]}`` dict or the list itself.
 
@@ -186,7 +172,7 @@ def load_tools(config: Union[str, Path, dict, list, None]) -> list[BaseTool]:
         if unknown or "class_name" not in entry:
             raise ConfigError(f"{where}: needs 'class_name' (and optional 'config', 'tool_schema'); "
                               f"unknown keys {sorted(unknown)}" if unknown else f"{where}: needs 'class_name'")
-        cls = _import_class(entry["class_name"])
+        cls = TOOL_CLASSES.get_or_import(entry["class_name"])
         if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
             raise ConfigError(f"{where}: {entry['class_name']!r} is not a BaseTool subclass")
         try:
