@@ -17,13 +17,20 @@ feedback turns.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, GenOutput, Observation, RolloutContext
 from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.tasks.tool_agent import (
+    ToolAgentConfig,
+    tool_agent_end,
+    tool_agent_obs,
+    tool_agent_start,
+)
 
 FEEDBACK_POLICIES = ("none", "retry", "verify", "always_verify")
 EXTRACTIONS = ("strict", "flexible")
@@ -116,44 +123,35 @@ class Gsm8kConfig:
     extraction: str = "flexible"
     retry_message: str = DEFAULT_RETRY_MESSAGE
     verify_message: str = DEFAULT_VERIFY_MESSAGE
-    # tools and interactions (see verl_agentic.tasks.tool_agent): when ``tools`` or ``interaction``
-    # is set, or a row names an interaction, the episode runs as a tool_agent episode
-    tools: Any = None
-    interaction: Any = None
-    parser: str = "hermes"
-    call_timeout_s: Optional[float] = 30.0
-    max_calls_per_turn: int = 8
-    parse_feedback: Optional[str] = None
+    # task.gsm8k also takes the tool_agent keys (tools, interaction, parser, ...): when ``tools``
+    # or ``interaction`` is set, or a row names an interaction, the episode runs as tool_agent's
+    agent: ToolAgentConfig = field(default_factory=ToolAgentConfig)
 
-    def tool_agent_config(self, row: Optional[dict] = None):
+    def tool_agent_config(self, row: Optional[dict] = None) -> Optional[ToolAgentConfig]:
         """The tool_agent config of this episode, or None for the built-in feedback policies."""
-        from verl_agentic.tasks.tool_agent import ToolAgentConfig
-
         named = ((row or {}).get("extra_info") or {}).get("interaction_kwargs", {}) or {}
-        interaction = self.interaction
-        if interaction is None and named.get("name"):
-            interaction = named["name"]  # a registered interaction class, with its defaults
-        if self.tools is None and interaction is None:
+        # a row's interaction name, without one configured: that registered class, with its defaults
+        interaction = self.agent.interaction if self.agent.interaction is not None else named.get("name")
+        if self.agent.tools is None and interaction is None:
             return None
-        return ToolAgentConfig(tools=self.tools, interaction=interaction, parser=self.parser,
-                               call_timeout_s=self.call_timeout_s, max_calls_per_turn=self.max_calls_per_turn,
-                               parse_feedback=self.parse_feedback)
+        return dataclasses.replace(self.agent, interaction=interaction)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Gsm8kConfig":
-        unknown = set(d) - set(cls.__dataclass_fields__)
+        own = set(cls.__dataclass_fields__) - {"agent"}
+        unknown = set(d) - own - set(ToolAgentConfig.KEYS)
         if unknown:
-            raise ConfigError(f"unknown task.gsm8k keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        cfg = cls(**d)
+            raise ConfigError(f"unknown task.gsm8k keys {sorted(unknown)}; known: {sorted(own | set(ToolAgentConfig.KEYS))}")
+        agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
+        if agent.get("tools") is not None or agent.get("interaction") is not None:
+            agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now
+        else:
+            agent_cfg = ToolAgentConfig(**agent)
+        cfg = cls(**{k: v for k, v in d.items() if k in own}, agent=agent_cfg)
         if cfg.feedback not in FEEDBACK_POLICIES:
             raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
         if cfg.extraction not in EXTRACTIONS:
             raise ConfigError(f"task.gsm8k.extraction must be one of {EXTRACTIONS}, got {cfg.extraction!r}")
-        ta = cfg.tool_agent_config()
-        if ta is not None:
-            from verl_agentic.tasks.tool_agent import ToolAgentConfig
-
-            ToolAgentConfig.from_dict({k: getattr(ta, k) for k in ToolAgentConfig.KEYS}, "task.gsm8k")
         return cfg
 
 
@@ -166,8 +164,8 @@ class Gsm8kState:
     feedback_turns: int = 0
 
 
-def gsm8k_start(row: dict, ctx: RolloutContext) -> EpisodeState:
-    cfg = Gsm8kConfig.from_dict(dict(ctx.task_config))
+def gsm8k_start(row: dict, ctx: RolloutContext, cfg: Optional[Gsm8kConfig] = None) -> EpisodeState:
+    cfg = cfg or Gsm8kConfig.from_dict(dict(ctx.task_config))
     gt = normalize_number(str(row["reward_model"]["ground_truth"]))
     if gt is None:
         raise DatasetError(f"field 'reward_model.ground_truth' is not a number: {row['reward_model']['ground_truth']!r}")
@@ -218,27 +216,22 @@ def gsm8k_end(state: EpisodeState) -> EpisodeResult:
 
 
 async def _start(row: dict, ctx: RolloutContext) -> EpisodeState:
-    ta = Gsm8kConfig.from_dict(dict(ctx.task_config)).tool_agent_config(row)
-    if ta is None:
-        return gsm8k_start(row, ctx)
-    from verl_agentic.tasks.tool_agent import tool_agent_start
-
-    return await tool_agent_start(row, ctx, ta)
+    cfg = Gsm8kConfig.from_dict(dict(ctx.task_config))
+    agent = cfg.tool_agent_config(row)
+    if agent is None:
+        return gsm8k_start(row, ctx, cfg)
+    return await tool_agent_start(row, ctx, agent)
 
 
 async def _obs(state: EpisodeState, out: GenOutput) -> Observation:
     if isinstance(state.task, Gsm8kState):
         return gsm8k_obs(state, out)
-    from verl_agentic.tasks.tool_agent import tool_agent_obs
-
     return await tool_agent_obs(state, out)
 
 
 async def _end(state: EpisodeState) -> EpisodeResult:
     if state.task is None or isinstance(state.task, Gsm8kState):
         return gsm8k_end(state)
-    from verl_agentic.tasks.tool_agent import tool_agent_end
-
     return await tool_agent_end(state)
 
 
