@@ -413,16 +413,20 @@ def _make_preexec(cgroup_procs: Optional[str], netns: bool, rlimits: list, drop_
 
 
 # --- helpers of the parent side ----------------------------------------------------------------
+def _proc_files(name: str):
+    """``(pid, text)`` of ``/proc/<pid>/<name>`` for every process still there."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                yield int(d), Path(f"/proc/{d}/{name}").read_text()
+            except OSError:
+                continue
+
+
 def _user_task_count(uid: int) -> int:
     """Tasks (threads) of ``uid``, what RLIMIT_NPROC compares against."""
     n = 0
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{d}/status").read_text()
-        except OSError:
-            continue
+    for _, text in _proc_files("status"):
         uid_line = threads = None
         for line in text.splitlines():
             if line.startswith("Uid:"):
@@ -437,16 +441,10 @@ def _user_task_count(uid: int) -> int:
 def _live_group_members(pgid: int) -> list[int]:
     """Non-zombie processes whose process group is ``pgid`` (from /proc)."""
     out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
+    for pid, stat in _proc_files("stat"):
         fields = stat[stat.rfind(")") + 2:].split()
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            out.append(int(d))
+            out.append(pid)
     return out
 
 
