@@ -29,6 +29,7 @@ def test_cli_writes_trajectories_summary_and_table(tiny_qwen_dir, tmp_path):
     assert g["episodes"] == 6 and g["turns_mean"] == 2.0 and g["feedback_turns"] == 1.0
     assert summary["drift"]["episodes_ok"] == 6 and summary["drift"]["injected_differing_tokens"] == 0
     assert summary["backend"]["requests"] == 12
+    assert summary["stop_token_ids"] and all(isinstance(i, int) for i in summary["stop_token_ids"])
     assert "reward_mean" in r.stdout and "token exactness: 6/6 episodes ok" in r.stdout
     assert "rollout" in r.stderr  # the progress bar
     # scored by the prime manager: the gsm8k scorer agrees with the task's own reward, sample by sample

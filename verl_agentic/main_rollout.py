@@ -117,6 +117,7 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
 
             asyncio.run(backend.close())
     summary: dict = {"tasks": summarize(trajectories, rollout.last_wall_s), "backend": backend.stats(),
+                     "stop_token_ids": list(backend.stop_token_ids or []),
                      "reward": reward_summary, "config": OmegaConf.to_container(cfg, resolve=True)}
     if cfg.output.check_drift:
         summary["drift"] = drift_summary(trajectories, backend.tokenizer, rollout_cfg.chat_template_kwargs,

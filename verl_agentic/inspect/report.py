@@ -79,7 +79,8 @@ def load_tokenizer(summary: dict, override: Optional[str] = None) -> tuple[Any, 
 
 
 def stop_token_ids_of(model_dir: Optional[Path]) -> list[int]:
-    """The model's EOS ids from generation_config.json / config.json (as the HF backend uses them)."""
+    """The model's EOS ids from generation_config.json / config.json (as the HF backend uses them), for
+    runs whose summary.json predates its ``stop_token_ids`` field."""
     ids: list[int] = []
     if model_dir is None:
         return ids
@@ -204,7 +205,7 @@ def write_report(output_dir: str | Path, out_dir: str | Path | None = None, *, t
     tokenizer, tok_dir, note = load_tokenizer(summary, tokenizer_path)
     ctk = ((summary.get("config") or {}).get("rollout") or {}).get("chat_template_kwargs") or {}
     data = build_data(trajectories, summary, tokenizer, drift=drift, chat_template_kwargs=ctk,
-                      stop_token_ids=stop_token_ids_of(tok_dir), tokenizer_note=note,
+                      stop_token_ids=summary.get("stop_token_ids") or stop_token_ids_of(tok_dir), tokenizer_note=note,
                       source=str(Path(output_dir).resolve()))
     out = Path(out_dir) if out_dir else Path(output_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
