@@ -82,6 +82,23 @@ class GenOutput:
 
 
 @dataclass
+class ChatOutput:
+    """One assistant message from a chat-speaking backend (``/v1/chat/completions`` style).
+
+    ``message`` is ``{"role": "assistant", "content": str, "tool_calls"?: [...]}`` with tool calls
+    in OpenAI form (``{"id", "type": "function", "function": {"name", "arguments": str}}``).
+    ``token_ids`` / ``logprobs`` are the generated tokens when the server reports them (None
+    otherwise); ``prompt_token_count`` is the server's count of the rendered prompt, if known.
+    """
+
+    message: dict
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    token_ids: Optional[list[int]] = None
+    logprobs: Optional[list[float]] = None
+    prompt_token_count: Optional[int] = None
+
+
+@dataclass
 class Observation:
     """What the environment says after an assistant turn.
 

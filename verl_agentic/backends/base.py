@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, Optional
 
-from verl_agentic.interfaces import GenOutput, SamplingParams
+from verl_agentic.interfaces import ChatOutput, GenOutput, SamplingParams
 
 
 class GenerationBackend(abc.ABC):
@@ -25,6 +25,14 @@ class GenerationBackend(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenOutput:
         """Continue ``prompt_ids``; stops on a stop id (kept in the output) or max_new_tokens."""
+
+    async def chat(self, messages: list[dict], sampling: SamplingParams,
+                   tools: Optional[list[dict]] = None) -> ChatOutput:
+        """Answer a chat conversation with one assistant message (servers that only speak chat).
+
+        Backends that speak tokens get this through ``verl_agentic.backends.chat_adapter``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no chat endpoint")
 
     async def close(self) -> None:
         """Release resources (worker threads, HTTP sessions). Idempotent."""
