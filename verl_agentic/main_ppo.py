@@ -1,0 +1,61 @@
+"""``python -m verl_agentic.main_ppo``: multi-turn rollouts + rewards + GRPO/PPO updates on one machine.
+
+Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/step_XXXXXX.jsonl``,
+``checkpoints/step_XXXXXX/`` and, at the end, ``hf_model/`` (the trained policy) and
+``summary.json``. All keys: ``verl_agentic/config/ppo.yaml`` (which includes rollout.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from verl_agentic.interfaces import ConfigError
+
+
+def train(cfg: DictConfig) -> list[dict]:
+    from verl_agentic.trainer import PPOTrainer
+
+    trainer = PPOTrainer(cfg)
+    history = trainer.fit()
+    out = Path(cfg.output.dir)
+    summary = {"steps": trainer.step, "config": OmegaConf.to_container(cfg, resolve=True)}
+    if history:
+        first, last = history[: min(5, len(history))], history[-min(5, len(history)):]
+
+        def mean(rows: list[dict], key: str) -> Optional[float]:
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        for key in ("reward/mean", "accuracy/mean", "turns/mean", "actor/logprob_gap_mean"):
+            summary[f"first5/{key}"] = mean(first, key)
+            summary[f"last5/{key}"] = mean(last, key)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if not cfg.output.quiet:
+        r0, r1 = summary.get("first5/reward/mean"), summary.get("last5/reward/mean")
+        if r0 is not None and r1 is not None:
+            print(f"reward: first-5-step mean {r0:.3f} -> last-5-step mean {r1:.3f} ({r1 - r0:+.3f})")
+        print(f"metrics: {out / 'metrics.jsonl'}")
+    return history
+
+
+@hydra.main(config_path="config", config_name="ppo", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

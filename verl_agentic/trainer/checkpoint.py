@@ -1,0 +1,71 @@
+"""Trainer checkpoints: everything needed to continue a run exactly.
+
+A checkpoint is a folder ``output.dir/checkpoints/step_XXXXXX/`` holding ``state.pt`` (model,
+value head, optimizer, LR schedule, KL controller, RNG states, data position, step) and is
+written to a temporary name first, then renamed, so an interrupted save never leaves a
+half checkpoint that ``resume`` would pick up. ``latest_checkpoint`` finds the newest one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def checkpoint_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of the complete checkpoints under ``root``, oldest first."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    found = []
+    for d in base.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and (d / "state.pt").is_file():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Optional[Path]:
+    found = checkpoint_dirs(root)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, Any], max_to_keep: int = 2) -> Path:
+    """Write ``state`` as the checkpoint of ``step``; keep only the newest ``max_to_keep``."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    final = base / f"step_{step:06d}"
+    tmp = base / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(state, tmp / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    if max_to_keep > 0:
+        for _, old in checkpoint_dirs(base)[:-max_to_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    # RNG states and optimizer state hold numpy/python objects: not a weights-only file.
+    return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=False)

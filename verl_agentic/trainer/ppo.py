@@ -1,0 +1,619 @@
+"""The single-machine trainer: rollouts -> rewards -> advantages -> policy update, on verl's algorithms.
+
+One step::
+
+    rows = next prompts                          (seeded shuffle, resumable position)
+    trajectories = AsyncRollout(rows, n)         (the HF backend shares the policy's weights)
+    scores = reward manager (or the episodes' own rewards)
+    batch = pad (verl layout), token-level scores on each episode's last generated token
+    [ref logprobs, old values]                   (when KL or GAE need them)
+    old logprobs = rollout logprobs | recomputed (actor.recompute_old_logprobs); the gap is logged
+    [in-reward KL]  verl ray_trainer.apply_kl_penalty
+    advantages      verl ray_trainer.compute_advantage -> core_algos registry (grpo, rloo, gae, ...)
+    update          per mini-batch (micro-batches accumulate): verl's policy-loss registry
+                    (clipped PPO), agg_loss modes, entropy bonus, KL loss, value loss; clip; AdamW
+    metrics -> metrics.jsonl (+ tensorboard/wandb/console through verl's Tracking); checkpoint
+
+The loss only sees tokens whose ``response_mask`` is 1 (the model's own tokens): every loss
+term is aggregated by verl's ``agg_loss`` over that mask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.trainer import checkpoint as ckpt
+from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
+
+
+def _verl():
+    """verl's algorithm modules (imported lazily: importing verl takes seconds)."""
+    from verl.trainer.ppo import core_algos, ray_trainer
+    from verl.utils import torch_functional as verl_F
+
+    return core_algos, ray_trainer, verl_F
+
+
+# ----------------------------------------------------------------------------------------------
+# config
+
+
+def algo_config(cfg: DictConfig):
+    """verl's ``AlgoConfig`` from our ``algorithm`` section (unknown estimators fail here)."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.config.algorithm import KLControlConfig
+
+    core_algos, _, _ = _verl()
+    a = cfg.algorithm
+    try:
+        core_algos.get_adv_estimator_fn(a.adv_estimator) if a.adv_estimator not in ("gae", "grpo") else None
+    except ValueError:
+        known = ", ".join(sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY))
+        raise ConfigError(f"unknown algorithm.adv_estimator {a.adv_estimator!r}; verl has: {known}") from None
+    return AlgoConfig(
+        gamma=float(a.gamma), lam=float(a.lam), adv_estimator=str(a.adv_estimator),
+        norm_adv_by_std_in_grpo=bool(a.norm_adv_by_std_in_grpo), use_kl_in_reward=bool(a.use_kl_in_reward),
+        kl_penalty=str(a.kl_penalty),
+        kl_ctrl=KLControlConfig(type=str(a.kl_ctrl.type), kl_coef=float(a.kl_ctrl.kl_coef),
+                                horizon=int(a.kl_ctrl.horizon), target_kl=float(a.kl_ctrl.target_kl)),
+    )
+
+
+def actor_config(cfg: DictConfig):
+    """verl's ``ActorConfig`` (what its policy-loss functions read) from our ``actor`` section."""
+    from verl.workers.config import ActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
+
+    core_algos, _, _ = _verl()
+    a = cfg.actor
+    try:
+        core_algos.get_policy_loss_fn(a.policy_loss)
+    except ValueError:
+        known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
+        raise ConfigError(f"unknown actor.policy_loss {a.policy_loss!r}; verl has: {known}") from None
+    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_epochs"):
+        if int(a[key]) < 1:
+            raise ConfigError(f"actor.{key} must be >= 1, got {a[key]}")
+    if str(a.dtype) not in ("float32", "bfloat16"):
+        raise ConfigError(f"actor.dtype must be float32 or bfloat16, got {a.dtype!r}")
+    try:
+        return ActorConfig(
+            strategy="verl_agentic", rollout_n=int(cfg.rollout.n), ppo_mini_batch_size=int(a.ppo_mini_batch_size),
+            ppo_micro_batch_size_per_gpu=int(a.ppo_micro_batch_size), ppo_epochs=int(a.ppo_epochs),
+            clip_ratio=float(a.clip_ratio), clip_ratio_low=float(a.clip_ratio_low),
+            clip_ratio_high=float(a.clip_ratio_high), clip_ratio_c=float(a.clip_ratio_c),
+            loss_agg_mode=str(a.loss_agg_mode), entropy_coeff=float(a.entropy_coeff),
+            use_kl_loss=bool(a.use_kl_loss), kl_loss_coef=float(a.kl_loss_coef), kl_loss_type=str(a.kl_loss_type),
+            use_torch_compile=False, policy_loss=PolicyLossConfig(loss_mode=str(a.policy_loss)),
+        )
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"actor: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# forward passes
+
+
+@dataclass
+class ForwardOut:
+    log_probs: torch.Tensor  # [b, R]
+    entropy: Optional[torch.Tensor] = None  # [b, R]
+    values: Optional[torch.Tensor] = None  # [b, R]
+
+
+def forward_batch(model: torch.nn.Module, mb: TrainBatch, temperature: float, *, entropy: bool = False,
+                  value_head: Optional[torch.nn.Module] = None, bf16: bool = False) -> ForwardOut:
+    """Logprobs of ``mb.responses`` under ``model`` at ``temperature`` (as the rollout computed them).
+
+    Only the response positions' logits are materialised (``logits_to_keep``). ``values`` (GAE)
+    come from ``value_head`` on the last hidden state at the position before each token.
+    """
+    _, _, verl_F = _verl()
+    r = mb.response_len
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                    use_cache=False, logits_to_keep=r + 1, output_hidden_states=value_head is not None)
+    logits = out.logits[:, :-1].float()
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    result = ForwardOut(log_probs=verl_F.logprobs_from_logits(logits, mb.responses))
+    if entropy:
+        result.entropy = verl_F.entropy_from_logits(logits)
+    if value_head is not None:
+        hidden = out.hidden_states[-1][:, mb.prompt_len - 1: mb.prompt_len - 1 + r].float()
+        result.values = value_head(hidden).squeeze(-1)
+    return result
+
+
+def _chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics of a step's trajectories
+
+
+def rollout_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[str, float]:
+    """Reward, accuracy, turns, flips, tools, lengths and errors of one step's episodes."""
+    m: dict[str, float] = {}
+    scored = [r for r in rewards if r is not None]
+    if scored:
+        m["reward/mean"] = float(np.mean(scored))
+        m["reward/std"] = float(np.std(scored))
+        m["reward/max"] = float(np.max(scored))
+        m["reward/min"] = float(np.min(scored))
+    m["reward/masked"] = float(len(rewards) - len(scored))
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for t, r in zip(trajs, rewards):
+        if r is not None:
+            by_task[t["task_type"]].append(r)
+    if len(by_task) > 1:
+        for task, vals in by_task.items():
+            m[f"reward/{task}/mean"] = float(np.mean(vals))
+
+    def collect(key: str) -> list[float]:
+        return [float(t["metrics"][key]) for t in trajs if isinstance((t.get("metrics") or {}).get(key), (int, float))]
+
+    for key, name in (("final_correct", "accuracy/mean"), ("first_correct", "accuracy/first_turn")):
+        vals = collect(key)
+        if vals:
+            m[name] = float(np.mean(vals))
+    m["turns/mean"] = float(np.mean([t["num_turns"] for t in trajs]))
+    m["turns/max"] = float(max(t["num_turns"] for t in trajs))
+    m["turns/multi_turn_frac"] = float(np.mean([t["num_turns"] > 1 for t in trajs]))
+    for key in ("flips_wrong_to_right", "flips_right_to_wrong"):
+        m["flips/" + key[len("flips_"):]] = float(sum(collect(key)))
+    calls = sum(collect("tool_calls"))
+    errors = sum(collect("tool_error")) + sum(collect("tool_timeout"))
+    if calls:
+        m["tool/calls"] = float(calls)
+        m["tool/success_rate"] = float((calls - errors) / calls)
+    gen = [sum(t["response_mask"]) for t in trajs]
+    m["response_length/mean"] = float(np.mean(gen))
+    m["response_length/max"] = float(np.max(gen))
+    m["response_length/clip_ratio"] = float(np.mean([t.get("finish_reason") == "length" for t in trajs]))
+    m["episode/errors"] = float(sum(1 for t in trajs if t.get("error")))
+    return m
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer
+
+
+class PPOTrainer:
+    """Trains ``model.path`` on ``task_type`` rollouts. See the module docstring and ``config/ppo.yaml``."""
+
+    def __init__(self, cfg: DictConfig, model: Any = None, tokenizer: Any = None) -> None:
+        import verl_agentic.tasks  # noqa: F401 - built-in tasks
+        from verl_agentic.agentic_utils import load_rows
+        from verl_agentic.main_rollout import reward_manager, resolve_data_path, rollout_config
+        from verl_agentic.rollout.async_rollout import resolve_tasks
+        from verl_agentic.tasks import get_task
+
+        self.cfg = cfg
+        t = cfg.trainer
+        for key in ("total_steps", "batch_size"):
+            if int(t[key]) < 1:
+                raise ConfigError(f"trainer.{key} must be >= 1, got {t[key]}")
+        self.quiet = bool(cfg.output.quiet)
+        get_task(cfg.task_type)
+        self.rollout_cfg = rollout_config(cfg)
+        self.algo = algo_config(cfg)
+        self.actor_cfg = actor_config(cfg)
+        self.task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
+        self.rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
+        resolve_tasks(self.rows, cfg.task_type, self.task_configs)
+        self.scorer = reward_manager(cfg)
+        self.out_dir = Path(cfg.output.dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.seed = int(cfg.seed)
+        random.seed(self.seed)
+        np.random.seed(self.seed)
+        torch.manual_seed(self.seed)
+
+        if model is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from verl_agentic.models.embedded import resolve_model_path
+
+            path = resolve_model_path(cfg.model.path)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if tokenizer is None:
+            raise ConfigError("PPOTrainer: a model was given without its tokenizer")
+        from verl_agentic.backends.hf import HFBackend
+
+        self.model = model.float()
+        self.tokenizer = tokenizer
+        # The rollout generates with the very weights being trained: no weight sync.
+        self.backend = HFBackend(self.model, tokenizer, max_batch_size=int(cfg.rollout.max_batch_size), seed=self.seed)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.backend.stop_token_ids[0]
+        self.temperature = float(cfg.rollout.temperature) or 1.0
+        self.bf16 = str(cfg.actor.dtype) == "bfloat16"
+
+        a = cfg.actor
+        self.need_ref = bool(a.use_kl_loss) or self.algo.use_kl_in_reward
+        self.ref_model = None
+        if self.need_ref:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.value_head = None
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": float(a.optim.lr)}]
+        if self.algo.adv_estimator == "gae":
+            hidden = self.model.config.hidden_size
+            self.value_head = torch.nn.Linear(hidden, 1)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            groups.append({"params": list(self.value_head.parameters()), "lr": float(cfg.critic.lr)})
+        self.optimizer = torch.optim.AdamW(groups, betas=tuple(a.optim.betas), weight_decay=float(a.optim.weight_decay))
+        warmup = int(a.optim.lr_warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        core_algos, _, _ = _verl()
+        self.kl_ctrl = core_algos.get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
+
+        self.step = 0
+        self.epoch = 0
+        self.cursor = 0
+        self._order = self._epoch_order(0)
+        self.tracker = self._make_tracker()
+        if bool(t.resume):
+            self._resume()
+
+    # ------------------------------------------------------------------ data
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self.rows)
+        if not bool(self.cfg.data.shuffle):
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def _next_rows(self) -> list[dict]:
+        out = []
+        for _ in range(int(self.cfg.trainer.batch_size)):
+            if self.cursor >= len(self._order):
+                self.epoch += 1
+                self.cursor = 0
+                self._order = self._epoch_order(self.epoch)
+            out.append(self.rows[int(self._order[self.cursor])])
+            self.cursor += 1
+        return out
+
+    # ------------------------------------------------------------------ logging / checkpoints
+
+    def _make_tracker(self):
+        backends = [b for b in list(self.cfg.trainer.logger) if b != "jsonl"]
+        if not backends:
+            return None
+        from verl.utils.tracking import Tracking
+
+        os.environ.setdefault("TENSORBOARD_DIR", str(self.out_dir / "tensorboard"))
+        return Tracking(project_name=str(self.cfg.trainer.project_name),
+                        experiment_name=str(self.cfg.trainer.experiment_name), default_backend=backends,
+                        config=OmegaConf.to_container(self.cfg, resolve=True))
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "epoch": self.epoch, "cursor": self.cursor,
+            "model": self.model.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "rng": ckpt.rng_state(), "backend_rng": self.backend._seed_rng.getstate(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        return ckpt.save_checkpoint(self.out_dir / "checkpoints", self.step, self._state(),
+                                    int(self.cfg.trainer.max_checkpoints))
+
+    def _resume(self) -> None:
+        folder = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
+        if folder is None:
+            self._log(f"resume: no checkpoint in {self.out_dir / 'checkpoints'}, starting at step 0")
+            return
+        s = ckpt.load_checkpoint(folder)
+        self.model.load_state_dict(s["model"])
+        if self.value_head is not None and s["value_head"] is not None:
+            self.value_head.load_state_dict(s["value_head"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scheduler.load_state_dict(s["scheduler"])
+        if self.kl_ctrl is not None and s["kl_coef"] is not None:
+            self.kl_ctrl.value = s["kl_coef"]
+        ckpt.set_rng_state(s["rng"])
+        self.backend._seed_rng.setstate(s["backend_rng"])
+        self.step, self.epoch, self.cursor = int(s["step"]), int(s["epoch"]), int(s["cursor"])
+        self._order = self._epoch_order(self.epoch)
+        if self.metrics_path.exists():  # drop lines of steps after the checkpoint (they will be redone)
+            keep = [ln for ln in self.metrics_path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
+            self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        self._log(f"resumed from {folder} at step {self.step}")
+
+    def _log(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[verl-agentic] {msg}", file=sys.stderr)
+
+    # ------------------------------------------------------------------ one step
+
+    def _rollout(self, rows: list[dict]) -> list[dict]:
+        from verl_agentic.rollout import AsyncRollout
+
+        # Step-dependent sampling seeds: a resumed run samples exactly what an uninterrupted one would.
+        rollout = AsyncRollout(self.backend, self.rollout_cfg, task_configs=self.task_configs,
+                               default_task_type=self.cfg.task_type, seed=self.seed * 7919 + self.step, progress=False)
+        return rollout.run_sync(rows)
+
+    def _rewards(self, trajs: list[dict]) -> list[Optional[float]]:
+        if self.scorer is None:
+            return [float(t["reward"]) for t in trajs]
+        from verl_agentic.reward import score_trajectories
+
+        score_trajectories(trajs, self.scorer)
+        return [None if t["score"] is None else float(t["score"]) for t in trajs]
+
+    @torch.no_grad()
+    def _no_grad_pass(self, batch: TrainBatch, model, *, values: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        micro = int(self.cfg.actor.ppo_micro_batch_size)
+        lps = torch.zeros_like(batch.response_mask)
+        vals = torch.zeros_like(batch.response_mask) if values else None
+        for idx in _chunks(batch.size, micro):
+            mb = batch.select(idx)
+            out = forward_batch(model, mb, self.temperature, value_head=self.value_head if values else None, bf16=self.bf16)
+            lps[idx, :mb.response_len] = out.log_probs
+            if values:
+                vals[idx, :mb.response_len] = out.values
+        return lps, vals
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout + update; returns the step's metrics (also written to metrics.jsonl)."""
+        core_algos, ray_trainer, verl_F = _verl()
+        timing: dict[str, float] = {}
+        t_step = time.perf_counter()
+        rows = self._next_rows()
+        t0 = time.perf_counter()
+        trajs = self._rollout(rows)
+        timing["timing/rollout_s"] = time.perf_counter() - t0
+        for i, t in enumerate(trajs):  # group id: the prompt's position in this step's batch
+            t["step"] = self.step + 1
+            t["group"] = f"{self.step + 1}-{t['index']}"
+        t0 = time.perf_counter()
+        rewards = self._rewards(trajs)
+        timing["timing/reward_s"] = time.perf_counter() - t0
+        metrics = rollout_metrics(trajs, rewards)
+
+        train = [(t, r) for t, r in zip(trajs, rewards) if r is not None and sum(t["response_mask"]) > 0]
+        if not train:
+            raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
+        batch = build_batch([t for t, _ in train], [r for _, r in train], self.pad_id,
+                            uids=[t["group"] for t, _ in train])
+        mask = batch.response_mask
+
+        t0 = time.perf_counter()
+        missing_lp = any(lp is None for t, _ in train for lp, m in zip(t["response_logprobs"], t["response_mask"]) if m)
+        recompute = bool(self.cfg.actor.recompute_old_logprobs) or missing_lp
+        gap_measured_on = None
+        if recompute:
+            old, _ = self._no_grad_pass(batch, self.model)
+            gap_measured_on = "batch"
+            if not missing_lp:
+                self._record_gap(metrics, old, batch.rollout_log_probs, mask)
+            for (t, _), row in zip(train, old):
+                t["trainer_logprobs"] = [round(float(x), 6) if m else None
+                                         for x, m in zip(row[:len(t["response_ids"])], t["response_mask"])]
+        else:
+            old = batch.rollout_log_probs
+        batch.extra["old_log_probs"] = old
+        if self.ref_model is not None:
+            batch.extra["ref_log_prob"], _ = self._no_grad_pass(batch, self.ref_model)
+        if self.value_head is not None:
+            _, batch.extra["values"] = self._no_grad_pass(batch, self.model, values=True)
+        timing["timing/old_logprob_s"] = time.perf_counter() - t0
+
+        data = to_dataproto(batch)
+        data.batch["old_log_probs"] = old
+        for k in ("ref_log_prob", "values"):
+            if k in batch.extra:
+                data.batch[k] = batch.extra[k]
+        if self.kl_ctrl is not None:
+            data, kl_metrics = ray_trainer.apply_kl_penalty(data, self.kl_ctrl, kl_penalty=self.algo.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        data = ray_trainer.compute_advantage(
+            data, adv_estimator=self.algo.adv_estimator, gamma=self.algo.gamma, lam=self.algo.lam,
+            num_repeat=int(self.cfg.rollout.n), norm_adv_by_std_in_grpo=self.algo.norm_adv_by_std_in_grpo,
+            config=self.algo)
+        batch.extra["advantages"] = data.batch["advantages"]
+        batch.extra["returns"] = data.batch["returns"]
+        metrics["critic/advantages/mean"] = float(verl_F.masked_mean(batch.extra["advantages"], mask))
+        metrics["critic/advantages/abs_max"] = float((batch.extra["advantages"].abs() * mask).max())
+
+        t0 = time.perf_counter()
+        update = self._update(batch, measure_gap=gap_measured_on is None)
+        timing["timing/update_s"] = time.perf_counter() - t0
+        if gap_measured_on is None and "actor/logprob_gap_mean" in update:
+            gap_measured_on = "first_mini_batch"
+        metrics.update(update)
+        self.step += 1
+        tokens = float(batch.attention_mask.sum())
+        timing["timing/step_s"] = time.perf_counter() - t_step
+        metrics.update(timing)
+        metrics["perf/tokens"] = tokens
+        metrics["perf/generated_tokens"] = float(mask.sum())
+        metrics["perf/update_tokens_per_s"] = tokens * int(self.cfg.actor.ppo_epochs) / max(timing["timing/update_s"], 1e-9)
+        metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["data/epoch"] = float(self.epoch)
+        self._write(metrics, trajs)
+        return metrics
+
+    def _record_gap(self, metrics: dict, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
+        diff = (trainer_lp - rollout_lp).abs() * mask
+        n = float(mask.sum())
+        metrics["actor/logprob_gap_mean"] = float(diff.sum() / max(n, 1.0))
+        metrics["actor/logprob_gap_max"] = float(diff.max())
+
+    def _update(self, batch: TrainBatch, measure_gap: bool) -> dict[str, float]:
+        core_algos, _, verl_F = _verl()
+        a = self.cfg.actor
+        policy_loss_fn = core_algos.get_policy_loss_fn(str(a.policy_loss))
+        mode = str(a.loss_agg_mode)
+        entropy_coeff = float(a.entropy_coeff)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        grad_norms, skipped = [], 0
+        first = True
+        for _ in range(int(a.ppo_epochs)):
+            for mini_idx in _chunks(batch.size, int(a.ppo_mini_batch_size)):
+                mini = batch.select(mini_idx)
+                gbi = {"dp_size": 1, "batch_num_tokens": float(mini.response_mask.sum()),
+                       "global_batch_size": float((mini.response_mask.sum(-1) > 0).sum())}
+                self.actor_cfg.global_batch_info.clear()
+                self.actor_cfg.global_batch_info.update(gbi)
+                for micro_idx in _chunks(mini.size, int(a.ppo_micro_batch_size)):
+                    mb = mini.select(micro_idx)
+                    m = mb.response_mask
+                    out = forward_batch(self.model, mb, self.temperature, entropy=True,
+                                        value_head=self.value_head, bf16=self.bf16)
+                    if first and measure_gap:
+                        gap = (out.log_probs.detach() - mb.rollout_log_probs).abs() * m
+                        sums["gap_sum"] += float(gap.sum())
+                        sums["gap_n"] += float(m.sum())
+                        sums["gap_max"] = max(sums["gap_max"], float(gap.max()))
+                    pg_loss, pg_metrics = policy_loss_fn(
+                        old_log_prob=mb.extra["old_log_probs"], log_prob=out.log_probs,
+                        advantages=mb.extra["advantages"], response_mask=m, loss_agg_mode=mode,
+                        config=self.actor_cfg)
+                    loss = pg_loss
+                    entropy = core_algos.agg_loss(out.entropy, m, mode, **gbi)
+                    if entropy_coeff:
+                        loss = loss - entropy_coeff * entropy
+                    if bool(a.use_kl_loss):
+                        kld = core_algos.kl_penalty(out.log_probs, mb.extra["ref_log_prob"], str(a.kl_loss_type))
+                        kl_loss = core_algos.agg_loss(kld, m, mode, **gbi)
+                        loss = loss + float(a.kl_loss_coef) * kl_loss
+                        sums["actor/kl_loss"] += float(kl_loss.detach())
+                    if self.value_head is not None:
+                        vf_loss, vf_clip = core_algos.compute_value_loss(
+                            vpreds=out.values, returns=mb.extra["returns"], values=mb.extra["values"],
+                            response_mask=m, cliprange_value=float(self.cfg.critic.cliprange_value),
+                            loss_agg_mode=mode, **gbi)
+                        loss = loss + float(self.cfg.critic.vf_coef) * vf_loss
+                        sums["critic/vf_loss"] += float(vf_loss.detach())
+                        tok = float(m.sum())
+                        sums["critic/vf_clipfrac"] += float(vf_clip) * tok
+                        weights["critic/vf_clipfrac"] += tok
+                    loss.backward()
+                    sums["actor/pg_loss"] += float(pg_loss.detach())
+                    sums["actor/entropy"] += float(entropy.detach())
+                    tok = float(m.sum())
+                    for k, v in pg_metrics.items():
+                        sums[k] += float(v) * tok
+                        weights[k] += tok
+                if first and measure_gap:
+                    first = False
+                norm = torch.nn.utils.clip_grad_norm_(params, float(a.grad_clip))
+                if not torch.isfinite(norm):
+                    skipped += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        n_updates = int(a.ppo_epochs) * len(_chunks(batch.size, int(a.ppo_mini_batch_size)))
+        out: dict[str, float] = {}
+        for k, v in sums.items():
+            if k.startswith("gap_"):
+                continue
+            out[k] = v / weights[k] if k in weights else v / n_updates
+        if sums.get("gap_n"):
+            out["actor/logprob_gap_mean"] = sums["gap_sum"] / sums["gap_n"]
+            out["actor/logprob_gap_max"] = sums["gap_max"]
+        if "actor/ppo_kl" in out:
+            out["actor/kl"] = out["actor/ppo_kl"]
+        if self.ref_model is not None:
+            out["actor/kl_ref"] = float(verl_F.masked_mean(
+                batch.extra["old_log_probs"] - batch.extra["ref_log_prob"], batch.response_mask))
+        out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
+        out["actor/skipped_updates"] = float(skipped)
+        return out
+
+    def _write(self, metrics: dict[str, float], trajs: list[dict]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({"step": self.step, **clean}) + "\n")
+        if bool(self.cfg.trainer.save_rollouts):
+            from verl_agentic.rollout import write_jsonl
+
+            (self.out_dir / "rollouts").mkdir(exist_ok=True)
+            write_jsonl(self.out_dir / "rollouts" / f"step_{self.step:06d}.jsonl", trajs)
+        if self.tracker is not None:
+            self.tracker.log(data={k: v for k, v in clean.items() if v is not None}, step=self.step)
+
+    # ------------------------------------------------------------------ the run
+
+    def fit(self) -> list[dict[str, float]]:
+        """Train until ``trainer.total_steps`` (or ``stop_after_steps`` more); returns the metrics."""
+        from tqdm import tqdm
+
+        t = self.cfg.trainer
+        total = int(t.total_steps)
+        stop_after = t.stop_after_steps
+        last = total if stop_after is None else min(total, self.step + int(stop_after))
+        save_freq = int(t.save_freq)
+        history = []
+        bar = tqdm(total=total, initial=self.step, desc="train", disable=self.quiet, file=sys.stderr,
+                   dynamic_ncols=True)
+        try:
+            while self.step < last:
+                m = self.train_step()
+                history.append(m)
+                bar.update(1)
+                bar.set_postfix({k.split("/")[0] if k != "accuracy/mean" else "acc": f"{m[k]:.3f}"
+                                 for k in ("reward/mean", "accuracy/mean", "actor/logprob_gap_mean") if k in m},
+                                refresh=False)
+                if save_freq > 0 and self.step % save_freq == 0 and self.step < total:
+                    self.save_checkpoint()
+            self.save_checkpoint()  # also when stopped early: the point to resume from
+            if self.step >= total and bool(t.save_hf_model):
+                self.save_hf_model(self.out_dir / "hf_model")
+        finally:
+            bar.close()
+            self.close()
+        return history
+
+    def save_hf_model(self, folder: Path) -> None:
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        self._log(f"policy saved to {folder}")
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = None
+        asyncio.run(self.backend.close())
+        if self.tracker is not None:
+            del self.tracker
+            self.tracker = None
