@@ -1,11 +1,15 @@
-"""Build the static HTML report of a rollout output directory (see ``verl_agentic.inspect``).
+"""Build the static HTML report of an output directory (see ``verl_agentic.inspect``).
 
-The report is one self-contained ``index.html``: the CSS and JS from ``static/`` are inlined
-and all data is one JSON blob in ``<script type="application/json" id="va-data">``, escaped
-so that no model text can end the script element (``<``, ``>``, ``&``, U+2028, U+2029 become
-``\\u003c`` etc.). The page builds its DOM with ``textContent`` only, so model text always
-renders as text. Token strings and the token-exactness check (``check_drift``) are computed
-here in Python; the page needs no tokenizer and no network.
+The report is one self-contained ``index.html`` plus PNG copies of its plots in ``plots/``. The
+CSS and JS from ``static/`` are inlined. The data is JSON in ``<script type="application/json">``
+elements: one blob (``#va-data``) with the run-level tables, the plots and one light row per
+episode, and one element per episode (``#va-ep-a-<i>``, ``#va-ep-b-<i>`` for a compared run) with
+its tokens, conversation and drift check, parsed only when that episode is opened. That keeps a
+10,000-episode report quick to open. All JSON is escaped so that no model text can end the
+script element (``<``, ``>``, ``&``, U+2028, U+2029 become ``\\u003c`` etc.), and the page builds
+its DOM with ``textContent`` only, so model text always renders as text. Token strings and the
+token-exactness check (``check_drift``) are computed here in Python; the page needs no tokenizer
+and no network.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_agentic.inspect.runs import Run, load_run
+from verl_agentic.inspect.stats import accuracy_of, logprob_gaps
+
 STATIC_DIR = Path(__file__).parent / "static"
 DATA_ELEMENT_ID = "va-data"
+LOGPROB_DECIMALS = 3  # logprobs in the page (hover text); the stats use the exact values
 
 
 def _finite(obj: Any) -> Any:
@@ -43,30 +51,16 @@ def embed_json(obj: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def load_run(output_dir: str | Path) -> tuple[list[dict], dict]:
-    """(trajectories, summary) of a ``main_rollout`` output dir; summary is {} when absent."""
-    from verl_agentic.rollout.trajectory import read_jsonl
-
-    d = Path(output_dir)
-    path = d / "trajectories.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{str(path)!r} does not exist (expected a main_rollout output dir)")
-    summary_path = d / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return read_jsonl(path), summary
-
-
-def model_path_of(summary: dict) -> Optional[str]:
-    return ((summary.get("config") or {}).get("model") or {}).get("path")
-
-
-def load_tokenizer(summary: dict, override: Optional[str] = None) -> tuple[Any, Optional[Path], str]:
-    """(tokenizer or None, its folder, a note for the page) from ``--tokenizer`` or ``config.model.path``."""
+def load_tokenizer(run: Run, override: Optional[str] = None) -> tuple[Any, Optional[Path], str]:
+    """(tokenizer or None, its folder, a note for the page) from ``--tokenizer``, the run's ``model.path``,
+    or a training dir's saved policy (``hf_model/``)."""
     from verl_agentic.models.embedded import resolve_model_path
 
-    source = override if override else model_path_of(summary)
-    if source is None and not override and not summary:
-        return None, None, "no summary.json: token ids shown (pass --tokenizer)"
+    source = override or run.model_path
+    if source is None and (run.path / "hf_model" / "config.json").exists():
+        source = str(run.path / "hf_model")
+    if source is None and not run.config:
+        return None, None, "no config in the run dir: token ids shown (pass --tokenizer)"
     try:
         path = Path(override).expanduser() if override else resolve_model_path(source)
         if not path.exists():
@@ -128,90 +122,145 @@ def _error_types(traj: dict, drift: Optional[dict]) -> list[str]:
     return kinds
 
 
-def _round(x: Any) -> Any:
-    return round(x, 4) if isinstance(x, float) else x
+def _round(x: Any, digits: int = 4) -> Any:
+    return round(x, digits) if isinstance(x, float) else x
 
 
-def build_data(trajectories: list[dict], summary: dict, tokenizer: Any = None, *, drift: bool = True,
-               chat_template_kwargs: Optional[dict] = None, stop_token_ids: Optional[list[int]] = None,
-               tokenizer_note: str = "", source: str = "") -> dict:
-    """The report's JSON blob: run-level tables plus, per episode, everything the episode view shows."""
+def _logprobs(values: Optional[list]) -> Optional[list]:
+    return None if values is None else [_round(x, LOGPROB_DECIMALS) for x in values]
+
+
+def episode_data(i: int, t: dict, drift: Optional[dict]) -> tuple[dict, dict]:
+    """(the light row the episode list needs, the details the episode view parses when opened)."""
+    mask = t["response_mask"]
+    gaps = logprob_gaps(t)
+    row = {
+        "i": i, "uid": t.get("uid"), "task_type": t.get("task_type"), "index": t.get("index"),
+        "sample_id": t.get("sample_id"), "step": t.get("step"), "reward": t["reward"], "score": t.get("score"),
+        "acc": accuracy_of(t), "num_turns": t["num_turns"], "finish_reason": t.get("finish_reason"),
+        "errors": _error_types(t, drift), "n_tokens": len(t["response_ids"]), "n_trained": sum(mask),
+        "exact": None if drift is None else bool(drift.get("ok")),
+        "gap": _round(sum(gaps) / len(gaps)) if gaps else None,
+    }
+    turns, messages = t["turns"], t["messages"]
+    details = {
+        "data_source": t.get("data_source"), "ground_truth": t.get("ground_truth"), "score_extra": t.get("score_extra"),
+        "score_error": t.get("score_error"), "error": t.get("error"),
+        "metrics": {k: _round(v) for k, v in (t.get("metrics") or {}).items()},
+        "messages": messages, "n_prompt_messages": len(messages) - sum(x.get("num_messages", 1) for x in turns),
+        "turns": [{k: v for k, v in x.items() if k != "text"} for x in turns],  # the tokens show the text
+        "tools": t.get("tools"), "prompt_ids": t["prompt_ids"], "response_ids": t["response_ids"],
+        "mask": "".join("1" if m else "0" for m in mask), "logprobs": _logprobs(t.get("response_logprobs")),
+        "trainer_logprobs": _logprobs(t.get("trainer_logprobs")), "drift": drift,
+    }
+    return row, details
+
+
+def build_run_data(run: Run, tokenizer: Any = None, *, drift: bool = True, stop_token_ids: Optional[list[int]] = None,
+                   tokenizer_note: str = "") -> tuple[dict, list[dict]]:
+    """One run's part of the page data, and the per-episode details (in episode order)."""
+    from verl_agentic.inspect.plots import run_plots
     from verl_agentic.rollout.metrics import summarize
     from verl_agentic.rollout.trajectory import check_drift
 
+    trajectories = run.trajectories
     vocab, special = {}, []
     if tokenizer is not None:
         used: set[int] = set()
         for t in trajectories:
-            used.update(t.get("prompt_ids") or [])
-            used.update(t.get("response_ids") or [])
+            used.update(t["prompt_ids"])
+            used.update(t["response_ids"])
         vocab, special = _token_strings(tokenizer, used)
-
-    episodes = []
+    ctk = (run.config.get("rollout") or {}).get("chat_template_kwargs") or {}
+    rows, details = [], []
     for i, t in enumerate(trajectories):
         d = None
         if drift and tokenizer is not None:
             try:
-                d = check_drift(t, tokenizer, chat_template_kwargs, stop_token_ids).as_dict()
+                d = check_drift(t, tokenizer, ctk, stop_token_ids).as_dict()
             except Exception as e:  # noqa: BLE001 - a broken trajectory is shown, not fatal
                 d = {"ok": False, "structure": [f"check_drift raised {type(e).__name__}: {e}"], "injected": [],
                      "rerender": []}
-        turns = t.get("turns") or []
-        messages = t.get("messages") or []
-        n_prompt = len(messages) - sum(x.get("num_messages", 1) for x in turns)
-        mask = t.get("response_mask") or []
-        episodes.append({
-            "i": i, "uid": t.get("uid"), "task_type": t.get("task_type"), "index": t.get("index"),
-            "sample_id": t.get("sample_id"), "data_source": t.get("data_source"),
-            "ground_truth": t.get("ground_truth"),
-            "reward": t.get("reward"), "score": t.get("score"), "score_extra": t.get("score_extra"),
-            "score_error": t.get("score_error"), "num_turns": t.get("num_turns"),
-            "finish_reason": t.get("finish_reason"), "error": t.get("error"),
-            "errors": _error_types(t, d), "metrics": {k: _round(v) for k, v in (t.get("metrics") or {}).items()},
-            "n_tokens": len(t.get("response_ids") or []), "n_trained": sum(mask),
-            "prompt_ids": t.get("prompt_ids") or [], "response_ids": t.get("response_ids") or [],
-            "response_mask": mask, "response_logprobs": [_round(x) for x in (t.get("response_logprobs") or [])],
-            "messages": messages, "n_prompt_messages": n_prompt, "turns": turns, "tools": t.get("tools"),
-            "drift": d,
-        })
-    tasks = summary.get("tasks") or (summarize(trajectories) if trajectories else {})
-    return {
-        "meta": {"source": source, "model_path": model_path_of(summary), "tokenizer": tokenizer_note,
-                 "episodes": len(trajectories), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "drift_checked": bool(drift and tokenizer is not None)},
-        "tasks": tasks, "backend": summary.get("backend"), "reward": summary.get("reward"),
-        "drift": summary.get("drift"), "vocab": vocab, "special": special, "episodes": episodes,
+        row, det = episode_data(i, t, d)
+        rows.append(row)
+        details.append(det)
+    if run.kind == "rollout" and run.summary.get("tasks"):
+        tasks, tasks_note = run.summary["tasks"], "from summary.json"
+    else:
+        tasks = summarize(trajectories) if trajectories else {}
+        tasks_note = f"over the episodes of all {len(run.step_numbers)} steps" if run.kind == "training" else ""
+    data = {
+        "meta": {"source": str(run.path.resolve()), "kind": run.kind, "model_path": run.model_path,
+                 "tokenizer": tokenizer_note, "episodes": len(trajectories), "steps": run.step_numbers,
+                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "drift_checked": bool(drift and tokenizer is not None),
+                 "tasks_note": tasks_note},
+        "tasks": tasks, "backend": run.summary.get("backend"), "reward": run.summary.get("reward"),
+        "drift": run.summary.get("drift"), "vocab": vocab, "special": special, "episodes": rows,
+        "plots": run_plots(run),
     }
+    return data, details
 
 
-def render_html(data: dict) -> str:
+def prepare_run(run: Run, tokenizer_path: Optional[str] = None, drift: bool = True) -> tuple[dict, list[dict]]:
+    """``build_run_data`` with the run's own tokenizer, stop ids and chat-template arguments."""
+    tokenizer, tok_dir, note = load_tokenizer(run, tokenizer_path)
+    return build_run_data(run, tokenizer, drift=drift,
+                          stop_token_ids=run.summary.get("stop_token_ids") or stop_token_ids_of(tok_dir),
+                          tokenizer_note=note)
+
+
+def render_html(data: dict, details: dict[str, list[dict]]) -> str:
+    """The page: ``data`` as the #va-data blob, ``details[prefix][i]`` as element ``va-ep-<prefix>-<i>``."""
     css = (STATIC_DIR / "report.css").read_text(encoding="utf-8")
     js = (STATIC_DIR / "report.js").read_text(encoding="utf-8")
     assert "</script" not in js.lower() and "</style" not in css.lower()
-    title = html.escape(f"rollout report: {data['meta'].get('source', '')}")
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<title>{title}</title>\n<style>\n{css}\n</style>\n</head>\n<body>\n"
-        "<div id=\"app\"><noscript>This report needs JavaScript (it runs offline).</noscript></div>\n"
-        f"<script type=\"application/json\" id=\"{DATA_ELEMENT_ID}\">{embed_json(data)}</script>\n"
-        f"<script>\n{js}\n</script>\n</body>\n</html>\n"
-    )
+    title = f"rollout report: {data['meta'].get('source', '')}"
+    if data.get("compare"):
+        title += f" vs {data['compare']['run']['meta'].get('source', '')}"
+    parts = ["<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+             f"<title>{html.escape(title)}</title>\n<style>\n{css}\n</style>\n</head>\n<body>\n",
+             "<div id=\"app\"><noscript>This report needs JavaScript (it runs offline).</noscript></div>\n",
+             f"<script type=\"application/json\" id=\"{DATA_ELEMENT_ID}\">{embed_json(data)}</script>\n"]
+    for prefix, items in details.items():
+        parts += [f"<script type=\"application/json\" id=\"va-ep-{prefix}-{i}\">{embed_json(d)}</script>\n"
+                  for i, d in enumerate(items)]
+    parts.append(f"<script>\n{js}\n</script>\n</body>\n</html>\n")
+    return "".join(parts)
 
 
 def write_report(output_dir: str | Path, out_dir: str | Path | None = None, *, tokenizer_path: Optional[str] = None,
-                 drift: bool = True) -> Path:
-    """Write ``<out_dir>/index.html`` (default ``<output_dir>/report``) and return its path."""
-    trajectories, summary = load_run(output_dir)
-    tokenizer, tok_dir, note = load_tokenizer(summary, tokenizer_path)
-    ctk = ((summary.get("config") or {}).get("rollout") or {}).get("chat_template_kwargs") or {}
-    data = build_data(trajectories, summary, tokenizer, drift=drift, chat_template_kwargs=ctk,
-                      stop_token_ids=summary.get("stop_token_ids") or stop_token_ids_of(tok_dir), tokenizer_note=note,
-                      source=str(Path(output_dir).resolve()))
-    out = Path(out_dir) if out_dir else Path(output_dir) / "report"
+                 drift: bool = True, compare: str | Path | None = None) -> Path:
+    """Write ``<out_dir>/index.html`` and ``<out_dir>/plots/*.png``; return the index path.
+
+    ``out_dir`` defaults to ``<output_dir>/report``, or ``<output_dir>/compare-<name of the other run>``
+    with ``compare``."""
+    from verl_agentic.inspect.compare import compare_runs
+    from verl_agentic.inspect.plots import write_pngs
+
+    run = load_run(output_dir)
+    other = load_run(compare) if compare is not None else None  # both read before the slow part
+    data, det_a = prepare_run(run, tokenizer_path, drift)
+    details = {"a": det_a}
+    out = Path(out_dir) if out_dir else run.path / ("report" if other is None else f"compare-{other.path.resolve().name}")
     out.mkdir(parents=True, exist_ok=True)
+    write_pngs(data["plots"], out)
+    if other is not None:
+        data_b, details["b"] = prepare_run(other, tokenizer_path, drift)
+        name_a, name_b = _run_names(run.path, other.path)
+        cmp = compare_runs(run, other, name_a, name_b)
+        cmp["run"] = data_b
+        data["compare"] = cmp
+        write_pngs(data_b["plots"], out, "plots/b")
+        write_pngs(cmp["plots"], out, "plots/compare")
     index = out / "index.html"
-    index.write_text(render_html(data), encoding="utf-8")
+    index.write_text(render_html(data, details), encoding="utf-8")
     return index
+
+
+def _run_names(a: Path, b: Path) -> tuple[str, str]:
+    """Short labels for two runs: their folder names, or their paths when those are the same."""
+    na, nb = a.resolve().name, b.resolve().name
+    return (f"A: {na}", f"B: {nb}") if na != nb else (f"A: {a.resolve()}", f"B: {b.resolve()}")
 
 
 def serve(report_dir: str | Path, port: int = 8000) -> None:
