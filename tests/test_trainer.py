@@ -1,12 +1,13 @@
 """The single-machine trainer (verl_agentic.trainer) on a tiny random model with a real tokenizer.
 
-Rewards come from a real scorer registered here (the share of vowels in the answer: random
-text varies in it), so advantages are non-zero and updates really change the weights.
+Rewards come from a real scorer (``va_scorers.va_vowel_share``: the share of vowels in the
+answer; random text varies in it), so advantages are non-zero and updates change the weights.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +16,8 @@ import pytest
 import torch
 
 from verl_agentic.interfaces import ConfigError
+import va_scorers  # noqa: F401 - registers va_vowel_share
 from verl_agentic.main_rollout import load_config
-from verl_agentic.reward.scorers import SCORERS, register_scorer
-
-if "va_vowel_share" not in SCORERS:
-    @register_scorer("va_vowel_share")
-    def _vowel_share(solution_str, ground_truth, extra_info=None):
-        text = solution_str or ""
-        return sum(c in "aeiouAEIOU" for c in text) / max(1, len(text))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +33,7 @@ def _cfg(model_dir: str, out: Path, *extra: str):
         f"model.path={model_dir}", "data.path=data/gsm8k/train.jsonl", "data.max_samples=16",
         "trainer.total_steps=3", "trainer.batch_size=2", "rollout.n=3", "rollout.max_turns=2",
         "rollout.max_new_tokens=12", "rollout.max_batch_size=8", "actor.ppo_mini_batch_size=6",
-        "actor.ppo_micro_batch_size=3", "actor.optim.lr=1e-3", "reward.scorer=va_vowel_share",
+        "actor.ppo_micro_batch_size=3", "actor.optim.lr=1e-3", "reward.scorer=va_vowel_share", "reward.scorer_modules=[va_scorers]",
         "task.gsm8k.feedback=always_verify", f"output.dir={out}", "output.quiet=true",
         "trainer.save_hf_model=false", *extra,
     ], config_name="ppo")
@@ -192,3 +187,27 @@ def test_main_ppo_cli(tiny_smol_dir, tmp_path):
     bad = subprocess.run(args[:-1] + ["algorithm.adv_estimator=nope", f"output.dir={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert bad.returncode == 2 and "grpo" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_ray_workers_generate_what_the_local_rollout_does(tiny_smol_dir, tmp_path, monkeypatch):
+    """trainer.use_ray: rollout + reward in Ray actors give the local step's episodes and rewards."""
+    tests_dir = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", tests_dir + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    local = _trainer(tiny_smol_dir, tmp_path / "local", "trainer.total_steps=1")
+    m_local = local.train_step()
+    local.close()
+    remote = _trainer(tiny_smol_dir, tmp_path / "ray", "trainer.total_steps=1", "trainer.use_ray=true",
+                      "trainer.ray_init.num_cpus=2")
+    try:
+        m_ray = remote.train_step()
+    finally:
+        remote.close()
+        import ray
+
+        ray.shutdown()
+    a = [json.loads(x) for x in (tmp_path / "local" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "ray" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert [t["response_ids"] for t in a] == [t["response_ids"] for t in b]
+    assert [t["score"] for t in a] == [t["score"] for t in b]
+    assert m_ray["reward/mean"] == m_local["reward/mean"]
+    assert m_ray["actor/pg_loss"] == pytest.approx(m_local["actor/pg_loss"], rel=1e-4, abs=1e-6)

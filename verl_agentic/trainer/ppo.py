@@ -219,7 +219,10 @@ class PPOTrainer:
         self.task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
         self.rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
         resolve_tasks(self.rows, cfg.task_type, self.task_configs)
-        self.scorer = reward_manager(cfg)
+        self.use_ray = bool(t.use_ray)
+        self.scorer_config = self._reward_config(cfg)
+        # with Ray the reward manager lives in its actor (its process pool too), not here
+        self.scorer = None if self.use_ray else reward_manager(cfg)
         self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.seed = int(cfg.seed)
@@ -274,8 +277,24 @@ class PPOTrainer:
         self.cursor = 0
         self._order = self._epoch_order(0)
         self.tracker = self._make_tracker()
+        self.ray = None
+        if self.use_ray:
+            from verl_agentic.trainer.ray_workers import RayWorkers
+
+            self.ray = RayWorkers(self, OmegaConf.to_container(t.ray_init, resolve=True) or {})
         if bool(t.resume):
             self._resume()
+
+    @staticmethod
+    def _reward_config(cfg: DictConfig) -> Optional[dict]:
+        from verl_agentic.reward import RewardConfig
+
+        r = OmegaConf.to_container(cfg.reward, resolve=True) if "reward" in cfg else {"manager": "none"}
+        if r.get("manager") in (None, "none"):
+            return None
+        r["progress"] = False
+        RewardConfig.from_dict(r)  # config errors now, not in the actor
+        return r
 
     # ------------------------------------------------------------------ data
 
@@ -320,7 +339,8 @@ class PPOTrainer:
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
-            "rng": ckpt.rng_state(), "backend_rng": self.backend._seed_rng.getstate(),
+            "rng": ckpt.rng_state(),
+            "backend_rng": self.ray.backend_rng() if self.ray is not None else self.backend._seed_rng.getstate(),
         }
 
     def save_checkpoint(self) -> Path:
@@ -341,7 +361,10 @@ class PPOTrainer:
         if self.kl_ctrl is not None and s["kl_coef"] is not None:
             self.kl_ctrl.value = s["kl_coef"]
         ckpt.set_rng_state(s["rng"])
-        self.backend._seed_rng.setstate(s["backend_rng"])
+        if self.ray is not None:
+            self.ray.set_backend_rng(s["backend_rng"])
+        else:
+            self.backend._seed_rng.setstate(s["backend_rng"])
         self.step, self.epoch, self.cursor = int(s["step"]), int(s["epoch"]), int(s["cursor"])
         self._order = self._epoch_order(self.epoch)
         if self.metrics_path.exists():  # drop lines of steps after the checkpoint (they will be redone)
@@ -360,16 +383,22 @@ class PPOTrainer:
         from verl_agentic.rollout import AsyncRollout
 
         # Step-dependent sampling seeds: a resumed run samples exactly what an uninterrupted one would.
+        seed = self.seed * 7919 + self.step
+        if self.ray is not None:
+            return self.ray.rollout_rows(rows, seed, self.model.state_dict())
         rollout = AsyncRollout(self.backend, self.rollout_cfg, task_configs=self.task_configs,
-                               default_task_type=self.cfg.task_type, seed=self.seed * 7919 + self.step, progress=False)
+                               default_task_type=self.cfg.task_type, seed=seed, progress=False)
         return rollout.run_sync(rows)
 
     def _rewards(self, trajs: list[dict]) -> list[Optional[float]]:
-        if self.scorer is None:
+        if self.scorer_config is None:
             return [float(t["reward"]) for t in trajs]
-        from verl_agentic.reward import score_trajectories
+        if self.ray is not None:
+            self.ray.score(trajs)
+        else:
+            from verl_agentic.reward import score_trajectories
 
-        score_trajectories(trajs, self.scorer)
+            score_trajectories(trajs, self.scorer)
         return [None if t["score"] is None else float(t["score"]) for t in trajs]
 
     @torch.no_grad()
@@ -610,6 +639,9 @@ class PPOTrainer:
         self._log(f"policy saved to {folder}")
 
     def close(self) -> None:
+        if self.ray is not None:
+            self.ray.close()
+            self.ray = None
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None

@@ -1,0 +1,13 @@
+"""A real scorer for trainer tests, importable by worker processes (``reward.scorer_modules=[va_scorers]``).
+
+``va_vowel_share``: the share of vowels in the answer. Text from a tiny random model varies in
+it, so GRPO advantages are non-zero and updates change the weights.
+"""
+
+from verl_agentic.reward.scorers import SCORERS, register_scorer
+
+if "va_vowel_share" not in SCORERS:
+    @register_scorer("va_vowel_share")
+    def vowel_share(solution_str, ground_truth, extra_info=None):
+        text = solution_str or ""
+        return sum(c in "aeiouAEIOU" for c in text) / max(1, len(text))
