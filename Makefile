@@ -30,4 +30,4 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-vllm

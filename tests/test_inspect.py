@@ -43,6 +43,21 @@ def _blob(html_text):
     return json.loads(m.group(1), parse_constant=_no_constant)  # strict, like JSON.parse
 
 
+def _details(html_text):
+    """{i: details} from the per-episode elements (parsed by the page only when the episode is opened)."""
+    found = re.findall(r'<script type="application/json" id="va-ep-a-(\d+)">(.*?)</script>', html_text, re.S)
+    return {int(i): json.loads(s, parse_constant=_no_constant) for i, s in found}
+
+
+def _scripts_ok(html_text, n_episodes):
+    """Every script element is the page's code or a JSON data element: one blob plus one per episode."""
+    opened = re.findall(r"<script[^>]*>", html_text, re.I)
+    assert html_text.count("</script>") == len(opened) == 2 + n_episodes
+    assert opened.count("<script>") == 1
+    data_tag = re.compile(r'<script type="application/json" id="va-(data|ep-a-\d+)">')
+    assert all(data_tag.fullmatch(o) for o in opened if o != "<script>")
+
+
 def _cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "verl_agentic.inspect", *map(str, args)],
                           capture_output=True, text=True, cwd=REPO, timeout=timeout)
@@ -61,20 +76,24 @@ def test_cli_report_matches_trajectories(run_dir, tmp_path, tiny_qwen_dir):
     # self-contained: nothing loaded from the network, no external files
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html_text, re.I)
     assert not re.search(r"<link\b|<script[^>]*\bsrc=|@import|url\(", html_text, re.I)
-    assert html_text.count("<script") == 2 and html_text.count("</script>") == 2
-    data = _blob(html_text)
     trajs = _trajs(run_dir)
+    _scripts_ok(html_text, len(trajs))
+    data, details = _blob(html_text), _details(html_text)
     tok = AutoTokenizer.from_pretrained(str(tiny_qwen_dir))
-    assert len(data["episodes"]) == len(trajs) == 2
+    assert len(data["episodes"]) == len(details) == len(trajs) == 2
     assert any(t["role"] != "assistant" for tr in trajs for t in tr["turns"])  # there are injected turns
     for e, t in zip(data["episodes"], trajs):
-        assert e["uid"] == t["uid"] and e["n_tokens"] == len(t["response_ids"]) == len(e["response_ids"])
-        assert e["n_trained"] == sum(t["response_mask"]) == sum(e["response_mask"])
+        d = details[e["i"]]
+        assert e["uid"] == t["uid"] and e["n_tokens"] == len(t["response_ids"]) == len(d["response_ids"])
+        assert e["n_trained"] == sum(t["response_mask"]) == d["mask"].count("1")
+        assert d["mask"] == "".join(str(m) for m in t["response_mask"])
         assert 0 < e["n_trained"] < e["n_tokens"]  # trained and injected tokens both present
-        assert e["response_ids"] == t["response_ids"] and e["prompt_ids"] == t["prompt_ids"]
-        assert e["turns"] == t["turns"] and e["messages"] == t["messages"]
+        assert d["response_ids"] == t["response_ids"] and d["prompt_ids"] == t["prompt_ids"]
+        assert d["turns"] == [{k: v for k, v in x.items() if k != "text"} for x in t["turns"]]
+        assert d["messages"] == t["messages"]
+        assert d["logprobs"] == [None if x is None else round(x, 3) for x in t["response_logprobs"]]
         want = check_drift(t, tok, {}, [tok.convert_tokens_to_ids("<|im_end|>")]).as_dict()
-        assert e["drift"] == want and e["drift"]["ok"]
+        assert d["drift"] == want and d["drift"]["ok"] and e["exact"] is True
         for i in t["prompt_ids"] + t["response_ids"]:
             assert data["vocab"][str(i)] == tok.decode([i], skip_special_tokens=False)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -102,12 +121,11 @@ def test_hostile_text_is_escaped(run_dir, tmp_path):
     html_text = write_report(d).read_text(encoding="utf-8")
     assert "<script>alert" not in html_text.lower() and "<img" not in html_text.lower()
     assert "\u2028" not in html_text and "\u2029" not in html_text and "<!--" not in html_text
-    assert html_text.count("</script>") == 2 and html_text.count("<script") == 2
-    data = _blob(html_text)
-    e = data["episodes"][0]
-    assert e["messages"][k]["content"] == HOSTILE and e["turns"][0]["text"] == HOSTILE
-    assert e["response_logprobs"][j] is None
-    assert e["error"]["message"] == HOSTILE and e["uid"] == HOSTILE and "episode:hostile<b>" in e["errors"]
+    _scripts_ok(html_text, len(trajs))
+    data, details = _blob(html_text), _details(html_text)
+    e, det = data["episodes"][0], details[0]
+    assert det["messages"][k]["content"] == HOSTILE and det["logprobs"][j] is None
+    assert det["error"]["message"] == HOSTILE and e["uid"] == HOSTILE and "episode:hostile<b>" in e["errors"]
     # the page's JS never parses data as HTML
     js = (REPO / "verl_agentic" / "inspect" / "static" / "report.js").read_text()
     assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "document.write" not in js
@@ -117,8 +135,10 @@ def test_no_tokenizer_falls_back_to_ids(run_dir, tmp_path):
     from verl_agentic.inspect import write_report
 
     index = write_report(run_dir, tmp_path / "rep", tokenizer_path=str(tmp_path / "no_such_model"))
-    data = _blob(index.read_text(encoding="utf-8"))
-    assert data["vocab"] == {} and all(e["drift"] is None for e in data["episodes"])
+    html_text = index.read_text(encoding="utf-8")
+    data = _blob(html_text)
+    assert data["vocab"] == {} and all(e["exact"] is None for e in data["episodes"])
+    assert all(d["drift"] is None for d in _details(html_text).values())
     assert "token ids shown" in data["meta"]["tokenizer"]
     assert [e["n_tokens"] for e in data["episodes"]] == [len(t["response_ids"]) for t in _trajs(run_dir)]
 
@@ -179,7 +199,6 @@ NODE = shutil.which("node")
 DOM_SHIM = r"""
 const fs = require("fs");
 const html = fs.readFileSync(process.argv[2], "utf8");
-const blob = /<script type="application\/json" id="va-data">([\s\S]*?)<\/script>/.exec(html)[1];
 const code = /<script>\n([\s\S]*?)\n<\/script>/.exec(html)[1];
 const created = [];
 function Node(tag) { this.tagName = tag; this.children = []; this._text = ""; this.attrs = {}; created.push(this); }
@@ -191,9 +210,11 @@ Object.defineProperty(Node.prototype, "textContent", {
   set(v) { this._text = String(v); this.children = []; } });
 Object.defineProperty(Node.prototype, "innerHTML", { set(v) { throw new Error("innerHTML used"); } });
 Node.prototype.setAttribute = function (k, v) { this.attrs[k] = String(v); };
-const app = new Node("div"), data = new Node("script"); data._text = blob;
-global.document = { getElementById: id => id === "app" ? app : id === "va-data" ? data : null,
-  createElement: t => new Node(t), createTextNode: s => { const n = new Node("#text"); n._text = s; return n; } };
+const app = new Node("div"), scripts = {}, re = /<script type="application\/json" id="([^"]+)">([\s\S]*?)<\/script>/g;
+for (let m; (m = re.exec(html));) { const n = new Node("script"); n._text = m[2]; scripts[m[1]] = n; }
+global.document = { getElementById: id => id === "app" ? app : scripts[id] || null,
+  createElement: t => new Node(t), createElementNS: (ns, t) => new Node(t),
+  createTextNode: s => { const n = new Node("#text"); n._text = s; return n; } };
 global.location = { hash: process.argv[3] || "" };
 global.window = { addEventListener() {}, scrollTo() {} };
 eval(code);
@@ -201,7 +222,8 @@ const tags = {}; created.forEach(n => { tags[n.tagName] = (tags[n.tagName] || 0)
 const rows = created.filter(n => n.tagName === "tr" && n.className === "ep").length;
 const toks = created.filter(n => n.tagName === "span" && /^tok /.test(n.className || "") && n.attrs.title).length;
 const text = created.filter(n => n.tagName === "pre").map(n => n.textContent);
-console.log(JSON.stringify({ tags, rows, toks, text, all: app.textContent }));
+const nscripts = Object.keys(scripts).length;
+console.log(JSON.stringify({ tags, rows, toks, text, nscripts, all: app.textContent }));
 """
 
 
@@ -233,5 +255,6 @@ def test_page_script_renders_views_as_text(run_dir, tmp_path):
     assert HOSTILE in ep["text"]  # the hostile message is a text node, shown verbatim
     assert set(ep["tags"]) <= {"div", "p", "button", "h1", "h2", "table", "tr", "th", "td", "span", "pre", "br",
                                "#text", "details", "summary", "script"}
-    assert ep["tags"].get("script") == 1  # only the shim's data element, none created by the page
+    assert ep["tags"]["script"] == ep["nscripts"] == 3  # the file's data elements only, none created by the page
+    assert run["tags"]["svg"] == sum("missing" not in p for p in _blob(index.read_text())["plots"]) > 0
     assert "<|im_end|>" in ep["all"] and "turn 1: user" in ep["all"]

@@ -71,7 +71,7 @@ def test_masked_tokens_get_zero_gradient(tiny_smol_dir, tmp_path):
         handle = tr.model.lm_head.register_forward_hook(keep_logits)
         from verl.trainer.ppo import core_algos
 
-        out = forward_batch(tr.model, batch, tr.temperature, entropy=True)
+        out = forward_batch(tr.model, batch, tr.temperature, entropy="grad")
         ref, _ = tr._no_grad_pass(batch, tr.ref_model)
         m = batch.response_mask
         adv = torch.randn_like(m)  # every token gets a non-zero advantage: only the mask can zero it

@@ -47,6 +47,11 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
         rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
         return [dict(r) for r in rows]
     suffix = p.suffix.lower()
+    opener = open
+    if suffix == ".gz":  # e.g. data/humaneval/HumanEval.jsonl.gz
+        import gzip
+
+        opener, suffix = gzip.open, Path(p.stem).suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -56,7 +61,7 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
         return table.to_pylist()
     if suffix in (".jsonl", ".json"):
         rows = []
-        with open(p, encoding="utf-8") as f:
+        with opener(p, "rt", encoding="utf-8") as f:
             if suffix == ".json":
                 data = json.load(f)
                 if not isinstance(data, list):
@@ -76,7 +81,7 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
             if not isinstance(r, dict):
                 raise DatasetError(f"{p}: row {i} is a {type(r).__name__}, expected a JSON object")
         return rows
-    raise DatasetError(f"{p}: unsupported dataset format {suffix!r} (use .jsonl, .json, .parquet or a datasets folder)")
+    raise DatasetError(f"{p}: unsupported dataset format {suffix!r} (use .jsonl, .json, .parquet, .jsonl.gz or a datasets folder)")
 
 
 def is_preprocessed(row: dict) -> bool:
@@ -155,4 +160,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as a script this file is a second module object with empty registries of its own; the
+    # tasks register into the imported module's (verl_agentic.agentic_utils), so use that one.
+    from verl_agentic.agentic_utils import main as _main
+
+    _main()

@@ -8,6 +8,7 @@ the per-task summary table. All keys: ``verl_agentic/config/rollout.yaml``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,11 +53,25 @@ def rollout_config(cfg: DictConfig):
 
 def make_backend(cfg: DictConfig) -> Any:
     """The generation backend named by ``rollout.backend``."""
-    backends = ("hf",)
+    backends = ("hf", "openai")
     if cfg.rollout.backend not in backends:
         raise ConfigError(f"unknown rollout.backend {cfg.rollout.backend!r}; available: {', '.join(backends)}")
-    from verl_agentic.backends.hf import HFBackend
     from verl_agentic.models.embedded import resolve_model_path
+
+    if cfg.rollout.backend == "openai":  # a server generates; model.path (or openai.tokenizer) gives the tokenizer
+        from verl_agentic.backends.openai_http import OpenAIBackend
+
+        o = OmegaConf.to_container(cfg.rollout.openai, resolve=True)
+        if o["api_key_env"] and o["api_key_env"] not in os.environ:
+            raise ConfigError(f"rollout.openai.api_key_env={o['api_key_env']}, but that environment variable is not set")
+        return OpenAIBackend.from_pretrained(
+            o["tokenizer"] or resolve_model_path(cfg.model.path), o["base_url"], model=o["model"], api=o["api"],
+            concurrency=o["concurrency"], request_timeout_s=o["request_timeout_s"],
+            connect_timeout_s=o["connect_timeout_s"], max_retries=o["max_retries"],
+            retry_backoff_s=o["retry_backoff_s"], tool_choice=o["tool_choice"],
+            chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs) or {},
+            api_key=os.environ[o["api_key_env"]] if o["api_key_env"] else None)
+    from verl_agentic.backends.hf import HFBackend
 
     path = resolve_model_path(cfg.model.path)
     return HFBackend.from_pretrained(str(path), dtype=cfg.model.dtype,

@@ -1,7 +1,11 @@
-"""Write easy one-step word problems in GSM8K's format (``question`` / ``answer`` with ``#### N``).
+"""Write easy one-step word problems as preprocessed ``gsm8k`` rows with a short-answer prompt.
 
-The learning-run example trains on these: the 135M embedded model gets some right already, so
-GRPO has signal from the first step on a 2-core CPU. ``python examples/learning_run/make_data.py``
+The learning-run example trains on these: the 135M embedded model gets some right already (it
+does not follow GSM8K's "####" instruction at all), so GRPO has signal from the first step on a
+2-core CPU. Rows are the gsm8k preprocessor's output (``PREPROCESS_DATASET["gsm8k"]``: ground
+truth, data_source, extra_info) with the instruction replaced by ``INSTRUCTION``.
+
+    python examples/learning_run/make_data.py            # -> examples/learning_run/easy_arith.jsonl
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import random
 from pathlib import Path
 
+INSTRUCTION = "Answer with the number only."
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Maya", "Ben", "Zoe"]
 THINGS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles"]
 
@@ -36,8 +41,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    import verl_agentic.tasks  # noqa: F401 - registers the gsm8k preprocessor
+    from verl_agentic.agentic_utils import PREPROCESS_DATASET
+
     rng = random.Random(args.seed)
-    rows = [problem(rng) for _ in range(args.n)]
+    rows = []
+    for i in range(args.n):
+        raw = problem(rng)
+        row = PREPROCESS_DATASET["gsm8k"](raw, i)
+        row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{INSTRUCTION}"}]
+        rows.append(row)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} problems to {args.out}")
 

@@ -122,12 +122,12 @@ def _error_types(traj: dict, drift: Optional[dict]) -> list[str]:
     return kinds
 
 
-def _round(x: Any, digits: int = 4) -> Any:
-    return round(x, digits) if isinstance(x, float) else x
+def _round(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
 
 
 def _logprobs(values: Optional[list]) -> Optional[list]:
-    return None if values is None else [_round(x, LOGPROB_DECIMALS) for x in values]
+    return None if values is None else [None if x is None else round(x, LOGPROB_DECIMALS) for x in values]
 
 
 def episode_data(i: int, t: dict, drift: Optional[dict]) -> tuple[dict, dict]:
@@ -241,7 +241,8 @@ def write_report(output_dir: str | Path, out_dir: str | Path | None = None, *, t
     other = load_run(compare) if compare is not None else None  # both read before the slow part
     data, det_a = prepare_run(run, tokenizer_path, drift)
     details = {"a": det_a}
-    out = Path(out_dir) if out_dir else run.path / ("report" if other is None else f"compare-{other.path.resolve().name}")
+    default = "report" if other is None else f"compare-{other.path.resolve().name}"
+    out = Path(out_dir) if out_dir else run.path / default
     out.mkdir(parents=True, exist_ok=True)
     write_pngs(data["plots"], out)
     if other is not None:

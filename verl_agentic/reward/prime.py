@@ -170,6 +170,9 @@ def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int, timeout_s: f
     by the parent a little later."""
     conn = mpc.Connection(conn_fd)
     signal.signal(signal.SIGALRM, _alarm)
+    # The template ignores SIGCHLD (its workers reap themselves); a scorer's own subprocesses must
+    # be waited for normally, else subprocess reports exit status 0 for every child.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     state = _SharedState(state_fd)
     try:
         if memory_limit_mb > 0:

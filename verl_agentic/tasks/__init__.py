@@ -5,6 +5,7 @@ Built-in tasks are registered on import; third-party ones through the entry-poin
 """
 
 from verl_agentic.tasks.registry import TASKS, TaskSpec, get_task, register_task
-from verl_agentic.tasks import gsm8k, tool_agent  # noqa: F401,E402 - registers "gsm8k", "tool_agent"
+from verl_agentic.tasks import gsm8k, swedev, tool_agent  # noqa: F401,E402 - registers "gsm8k", "swedev", "tool_agent"
+from verl_agentic.tasks import dr, gen_chat  # noqa: F401,E402 - registers "dr", "gen_chat"
 
 __all__ = ["TASKS", "TaskSpec", "get_task", "register_task"]

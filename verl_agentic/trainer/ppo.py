@@ -117,9 +117,11 @@ class ForwardOut:
     values: Optional[torch.Tensor] = None  # [b, R]
 
 
-def forward_batch(model: torch.nn.Module, mb: TrainBatch, temperature: float, *, entropy: bool = False,
+def forward_batch(model: torch.nn.Module, mb: TrainBatch, temperature: float, *, entropy: str | bool = False,
                   value_head: Optional[torch.nn.Module] = None, bf16: bool = False) -> ForwardOut:
     """Logprobs of ``mb.responses`` under ``model`` at ``temperature`` (as the rollout computed them).
+
+    ``entropy``: ``"grad"`` (a loss term), ``"metric"``/True (no graph) or False (not computed).
 
     Only the response positions' logits are materialised (``logits_to_keep``). ``values`` (GAE)
     come from ``value_head`` on the last hidden state at the position before each token.
@@ -134,11 +136,31 @@ def forward_batch(model: torch.nn.Module, mb: TrainBatch, temperature: float, *,
         logits = logits / temperature
     result = ForwardOut(log_probs=verl_F.logprobs_from_logits(logits, mb.responses))
     if entropy:
-        result.entropy = verl_F.entropy_from_logits(logits)
+        # Without an entropy bonus the entropy is a metric only: no graph (saves a softmax-sized
+        # tensor kept for backward per micro-batch).
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            result.entropy = verl_F.entropy_from_logits(logits)
     if value_head is not None:
         hidden = out.hidden_states[-1][:, mb.prompt_len - 1: mb.prompt_len - 1 + r].float()
         result.values = value_head(hidden).squeeze(-1)
     return result
+
+
+def _release_memory() -> None:
+    """Give freed heap back to the OS after a step.
+
+    Every step allocates tensors of new shapes (KV caches of each batch, logits of each
+    micro-batch); glibc keeps the freed blocks, and the trainer's RSS grew ~0.3 GB per step on
+    SmolLM2 without this.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _chunks(n: int, size: int) -> list[list[int]]:
@@ -225,6 +247,8 @@ class PPOTrainer:
         self.scorer = None if self.use_ray else reward_manager(cfg)
         self.out_dir = Path(cfg.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # written first, so tools (the inspector) can read a run that is still going
+        OmegaConf.save(cfg, self.out_dir / "config.yaml", resolve=True)
         self.seed = int(cfg.seed)
         random.seed(self.seed)
         np.random.seed(self.seed)
@@ -494,6 +518,8 @@ class PPOTrainer:
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
         self._write(metrics, trajs)
+        del batch, data, trajs
+        _release_memory()
         return metrics
 
     def _record_gap(self, metrics: dict, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
@@ -523,7 +549,8 @@ class PPOTrainer:
                 for micro_idx in _chunks(mini.size, int(a.ppo_micro_batch_size)):
                     mb = mini.select(micro_idx)
                     m = mb.response_mask
-                    out = forward_batch(self.model, mb, self.temperature, entropy=True,
+                    out = forward_batch(self.model, mb, self.temperature,
+                                        entropy="grad" if entropy_coeff else "metric",
                                         value_head=self.value_head, bf16=self.bf16)
                     if first and measure_gap:
                         gap = (out.log_probs.detach() - mb.rollout_log_probs).abs() * m

@@ -3,7 +3,10 @@
 Importing it registers verl_agentic's reward managers in verl's reward loop registry
 (``verl.experimental.reward_loop.reward_manager``), so a verl trainer selects them with
 ``reward.reward_manager.name=agentic_naive|prime|swedev`` (see ``verl_plugin/reward.py`` for
-the settings under ``+reward.agentic.*``).
+the settings under ``+reward.agentic.*``), and the ``task_agent`` agent loop in verl's agent-loop
+registry, which runs any verl_agentic task inside verl's rollout
+(``actor_rollout_ref.rollout.agent.default_agent_loop=task_agent``, settings under
+``+agentic.*``; see ``verl_plugin/agent_loop.py``).
 
 verl imports every ``verl.plugins`` entry point inside ``import verl`` (in the driver and in
 every Ray worker) and swallows their errors at debug level; set
@@ -15,3 +18,4 @@ Keep this module small: it runs in every process that imports verl.
 """
 
 from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
+from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)

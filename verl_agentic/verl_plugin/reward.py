@@ -59,14 +59,14 @@ model's own tokens count: ``last_assistant`` takes the LAST contiguous run of ma
 (the final assistant turn; tool/user text injected between turns has mask 0),
 ``all_assistant`` joins every run with newlines. The mask comes from ``batch["response_mask"]``
 (verl's post-rollout batch: ``RewardLoopManager.compute_rm_score``), else from
-``tool_extra_fields["response_mask"]`` (an agent loop may record it in its output's
+``tool_extra_fields["agentic_response_mask"]`` (our ``task_agent`` loop records it in its output's
 ``extra_fields``: verl's streaming reward path, ``AgentLoopWorker._compute_score``, sends no
 mask tensor). Without a mask the whole valid response is scored, as verl's ``naive`` does.
 
 The sample's ``data_source``, ``reward_model["ground_truth"]`` and ``extra_info`` become the
 ``RewardItem`` (plus ``task_type`` if the batch has that column); ``extra_info`` also gets
 ``num_turns`` and the agent loop's ``tool_extra_fields`` (except bulky ones: raw_prompt,
-response_mask, reward_extra_info, teacher_*), converted to plain JSON types.
+(agentic_)response_mask, reward_extra_info, teacher_*), converted to plain JSON types.
 
 Result: ``{"reward_score": float, "reward_extra_info": {...}}`` with always the same keys:
 ``acc`` (the scorer's ``acc`` extra, else its score; 0.0 for a failed sample), ``reward_failed``
@@ -114,7 +114,8 @@ logger = logging.getLogger(__name__)
 ADAPTER_KEYS = ("extra_keys", "batch_window_ms")
 FIXED_EXTRA_KEYS = ("acc", "reward_failed", "reward_error_type")
 # tool_extra_fields entries not copied into the scorer's extra_info (bulky, or not the scorer's business)
-_SKIP_TOOL_FIELDS = frozenset({"raw_prompt", "response_mask", "reward_extra_info", "teacher_ids", "teacher_logprobs"})
+_SKIP_TOOL_FIELDS = frozenset({"raw_prompt", "response_mask", "agentic_response_mask", "reward_extra_info",
+                               "teacher_ids", "teacher_logprobs"})
 
 __all__ = [
     "AgenticNaiveRewardManager", "AgenticPrimeRewardManager", "AgenticSwedevRewardManager", "AdapterSettings",
@@ -370,7 +371,9 @@ class _AgenticRewardManager(RewardManagerBase):
         if "response_mask" in keys:
             mask = batch["response_mask"][row]
         else:
-            mask = tool_fields.get("response_mask")  # streaming path: an agent loop may record it
+            # streaming path: the task_agent loop records the mask as agentic_response_mask (a column
+            # named response_mask would collide with verl's tensor in DataProto.to_tensordict)
+            mask = tool_fields.get("agentic_response_mask", tool_fields.get("response_mask"))
         spans = solution_token_ids(batch["responses"][row], batch["attention_mask"][row], mask,
                                    self.settings.reward.solution)
         text = "\n".join(self.tokenizer.decode(s, skip_special_tokens=True) for s in spans)

@@ -92,14 +92,17 @@
 
   // ---- plots (inline SVG) ----
   function niceTicks(lo, hi, n) {
-    if (!(hi > lo)) { if (lo === 0) hi = 1; else { lo -= 1; hi += 1; } }
+    if (!(hi > lo)) { var pad = Math.abs(lo) * 0.1 || 1; if (lo === 0) hi = 1; else { lo -= pad; hi += pad; } }
     var raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw))), r = raw / mag;
     var step = (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * mag, ticks = [];
     for (var t = Math.floor(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
     if (ticks[ticks.length - 1] < hi) ticks.push(+(ticks[ticks.length - 1] + step).toPrecision(12));
     return ticks;
   }
-  function tickText(v) { return Math.abs(v) >= 1e4 ? v.toPrecision(2) : String(+v.toPrecision(4)); }
+  function tickText(v) {
+    var a = Math.abs(v);
+    return a >= 1e4 || (a > 0 && a < 1e-3) ? v.toExponential(1) : String(+v.toPrecision(4));
+  }
   function drawPlot(p) {
     var W = 520, H = 250, L = 52, R = 12, T = 10, B = p.kind === "bar" ? 58 : 40;
     var s = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, "class": "chart", role: "img" });
@@ -185,6 +188,7 @@
   // ---- run view ----
   function taskTable(tasks) {
     var names = Object.keys(tasks || {}), keys = [];
+    if (!names.length) return el("p", { text: "no episodes" });
     names.forEach(function (n) { Object.keys(tasks[n]).forEach(function (k) { if (keys.indexOf(k) < 0) keys.push(k); }); });
     var head = el("tr", null, [el("th", { text: "metric" })].concat(names.map(function (n) { return el("th", { text: n }); })));
     var rows = keys.map(function (k) {
@@ -405,7 +409,7 @@
     app.appendChild(el("table", { id: "deltas" }, [el("tr", null, ["task", "metric", "A", "B", "B - A"].map(function (h) { return el("th", { text: h }); }))].concat(
       CMP.deltas.map(function (r) {
         return el("tr", null, [el("td", { text: r.task }), el("td", { text: r.metric }), el("td", { text: fmt(r.a) }), el("td", { text: fmt(r.b) }),
-          el("td", { cls: r.delta > 0 ? "up" : r.delta < 0 ? "down" : "", text: (r.delta > 0 ? "+" : "") + fmt(r.delta) })]);
+          el("td", { cls: r.better * r.delta > 0 ? "up" : r.better * r.delta < 0 ? "down" : "", text: (r.delta > 0 ? "+" : "") + fmt(r.delta) })]);
       }))));
     app.appendChild(el("h2", { text: "Plots" }));
     app.appendChild(plotsSection(CMP.plots));
@@ -477,4 +481,5 @@
   }
   window.addEventListener("hashchange", route);
   route();
+  if (window.performance && performance.mark) performance.mark("va-rendered");  // first view drawn (bench/inspect_open.py)
 })();

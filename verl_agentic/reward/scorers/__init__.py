@@ -54,6 +54,7 @@ def preload_modules() -> None:
 def import_scorer_modules(modules: Iterable[str]) -> None:
     """Import the built-in scorers and ``modules`` (whose import registers scorers)."""
     import verl_agentic.reward.scorers.gsm8k  # noqa: F401
+    import verl_agentic.reward.scorers.swedev  # noqa: F401
 
     for m in modules or ():
         try:

@@ -1,0 +1,360 @@
+"""``task_agent``: any registered verl_agentic task as a verl agent loop.
+
+Registered in verl's agent-loop registry when verl loads the plugin (``import verl``, entry point
+group ``verl.plugins``). Select it for every row with
+``actor_rollout_ref.rollout.agent.default_agent_loop=task_agent`` (or per row with an
+``agent_name`` column). Each sample runs the task its ``task_type`` names, through the task's
+own loop (``ids_agent_loop`` unless the task replaces it), with verl's ``server_manager`` as the
+generation backend (``verl_plugin.backend.ServerManagerBackend``); the trajectory becomes an
+``AgentLoopOutput`` (``verl_plugin.convert``).
+
+Settings, from the trainer config's top-level ``agentic`` section (``+agentic.*`` on the command
+line: verl's config is in struct mode) and, per agent name, from an agent-loop YAML entry's
+``agentic`` mapping (``actor_rollout_ref.rollout.agent.agent_loop_config_path``; it wins over
+the command line, deep-merged)::
+
+    python -m verl.trainer.main_ppo ... \\
+        actor_rollout_ref.rollout.agent.default_agent_loop=task_agent \\
+        +agentic.task_type=gsm8k +agentic.task.gsm8k.feedback=verify +agentic.max_turns=3
+
+- ``task_type``: the task of rows without a ``task_type`` column value (a row's own wins).
+- ``task``: ``{task_type: {key: value}}``, each task's config section, exactly what
+  ``task.<name>`` is in ``python -m verl_agentic.main_rollout`` (e.g. gsm8k's ``feedback``,
+  ``extraction``, ``tools``, ``interaction``, ``parser``). Checked by the task's
+  ``check_config`` once per process.
+- ``max_turns``: assistant turns per episode (default: verl's
+  ``rollout.multi_turn.max_assistant_turns``, else 3).
+- ``max_new_tokens``: tokens per assistant turn (default: ``rollout.response_length``).
+- ``episode_timeout_s``: wall-clock limit of an episode (typed ``timeout`` error; default none).
+- ``raise_on_errors``: episode error types that fail the sample instead of training on what it
+  generated (default ``[generation_error]``: a server failure). verl's v1 trainer then drops the
+  sample's group; the legacy trainer stops. An episode whose prompt could not be built
+  (``start`` or the chat template failed) always fails the sample: there is nothing to train on.
+
+Token budget: verl's ``rollout.response_length`` bounds the response (every turn, injected
+tokens included), ``rollout.prompt_length`` the prompt. Each episode's budget is set to its
+prompt's length plus ``response_length`` as soon as its prompt is known, so our loop's context
+rule (turns shrink to the budget left; an observation that does not fit ends the episode with
+``finish_reason=length`` and a ``context_overflow`` error) keeps the response within
+``response_length`` exactly; nothing is cut after the fact. A prompt longer than
+``prompt_length`` ends the episode at once with ``context_overflow``.
+
+Sampling: verl's sampling dict (temperature, top-p, top-k, ``logprobs`` =
+``rollout.calculate_log_probs``; the validation values in validation) applies to every turn;
+the model's EOS ids are sent as ``stop_token_ids``. Chat template kwargs are verl's
+``data.apply_chat_template_kwargs`` (the dataset uses them to filter long prompts, too).
+
+verl's own tools (``rollout.multi_turn.tool_config_path``) are not used by ``task_agent``: give
+tools to the task (``+agentic.task.gsm8k.tools=<tools YAML or names>``); a warning says so once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils.rollout_trace import rollout_trace_op
+
+from verl_agentic.interfaces import (
+    ERROR_TYPES,
+    ConfigError,
+    EpisodeFailure,
+    EpisodeState,
+    RolloutContext,
+    SamplingParams,
+)
+from verl_agentic.verl_plugin.backend import ServerManagerBackend
+from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TURNS = 3
+
+__all__ = ["TaskAgentLoop", "TaskAgentSettings", "TaskAgentError"]
+
+
+class TaskAgentError(RuntimeError):
+    """A sample that cannot be trained on (see ``raise_on_errors``); names the sample and the error."""
+
+
+@dataclass
+class TaskAgentSettings:
+    """The ``agentic`` settings of the ``task_agent`` loop (see the module docstring)."""
+
+    task_type: Optional[str] = None
+    task: dict = field(default_factory=dict)
+    max_turns: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    episode_timeout_s: Optional[float] = None
+    raise_on_errors: tuple = ("generation_error",)
+
+    @classmethod
+    def from_sources(cls, trainer_section: Any = None, loop_section: Any = None) -> "TaskAgentSettings":
+        """Deep-merge the trainer config's ``agentic`` and an agent-loop YAML entry's ``agentic``
+        (the latter wins) and check them; a bad key or value is a ``ConfigError`` naming it."""
+        from omegaconf import OmegaConf
+
+        sections = []
+        for where, section in (("agentic", trainer_section), ("agentic (agent-loop YAML entry)", loop_section)):
+            section = plain(section)
+            if section is None:
+                continue
+            if not isinstance(section, dict):
+                raise ConfigError(f"{where} must be a mapping of settings, got {type(section).__name__}: {section!r}")
+            unknown = set(section) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+            sections.append(OmegaConf.create(section))
+        merged = plain(OmegaConf.merge(*sections)) if sections else {}
+        settings = cls(**merged)
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        if self.task_type is not None and (not isinstance(self.task_type, str) or not self.task_type):
+            raise ConfigError(f"agentic.task_type must be a task name, got {self.task_type!r}")
+        if not isinstance(self.task, dict) or not all(isinstance(v, dict) for v in self.task.values()):
+            raise ConfigError(f"agentic.task must map task names to their config sections, got {self.task!r}")
+        for name in ("max_turns", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"agentic.{name} must be an integer >= 1, got {value!r}")
+        if self.episode_timeout_s is not None and not (
+                isinstance(self.episode_timeout_s, (int, float)) and self.episode_timeout_s > 0):
+            raise ConfigError(f"agentic.episode_timeout_s must be a number > 0, got {self.episode_timeout_s!r}")
+        if isinstance(self.raise_on_errors, str):
+            raise ConfigError(f"agentic.raise_on_errors must be a list of error types, got {self.raise_on_errors!r}")
+        bad = sorted(set(self.raise_on_errors) - set(ERROR_TYPES))
+        if bad:
+            raise ConfigError(f"agentic.raise_on_errors: unknown error types {bad}; known: {list(ERROR_TYPES)}")
+        self.raise_on_errors = tuple(self.raise_on_errors)
+
+
+# --------------------------------------------------------------------------------------------
+# once per process: task config checks, the model's stop ids, the verl-tools warning
+
+_CHECKED: set[str] = set()
+_CHECKED_LOCK = threading.Lock()
+_WARNED_VERL_TOOLS = False
+_KEPT_ERRORS = 0  # episodes that ended with an error and were kept (logged sparsely)
+
+
+def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
+    if spec.check_config is None:
+        return
+    key = f"{name}:{json.dumps(task_config, sort_keys=True, default=str)}"
+    with _CHECKED_LOCK:
+        if key in _CHECKED:
+            return
+    try:
+        spec.check_config(dict(task_config))
+    except ConfigError as e:
+        raise ConfigError(f"agentic.task.{name}: {e}") from None
+    with _CHECKED_LOCK:
+        _CHECKED.add(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _generation_config_eos(config_path: str, use_shm: bool, trust_remote_code: bool) -> tuple[int, ...]:
+    """EOS ids of the model's generation config (or its config), as verl's ``HFModelConfig`` loads it."""
+    from verl.utils.fs import copy_to_local
+    from verl.utils.model import get_generation_config
+
+    gen = get_generation_config(copy_to_local(config_path, use_shm=use_shm), trust_remote_code=trust_remote_code)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    return tuple([eos] if isinstance(eos, int) else (eos or ()))
+
+
+def model_stop_token_ids(model_config: Any, tokenizer: Any) -> list[int]:
+    """The ids a server stops on: the generation config's EOS ids and the tokenizer's EOS id."""
+    path = model_config.get("hf_config_path") or model_config.get("path")
+    ids = list(_generation_config_eos(str(path), bool(model_config.get("use_shm", False)),
+                                      bool(model_config.get("trust_remote_code", False))))
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ConfigError(f"model {path!r}: no EOS token id in its generation config, config or tokenizer; "
+                          "the task_agent loop cannot tell where a turn ends")
+    return list(dict.fromkeys(ids))
+
+
+def _warn_verl_tools_once(tools: Any) -> None:
+    global _WARNED_VERL_TOOLS
+    if tools is not None and getattr(tools, "tools", None) and not _WARNED_VERL_TOOLS:
+        _WARNED_VERL_TOOLS = True
+        names = [getattr(t, "name", type(t).__name__) for t in tools.tools]
+        warnings.warn(f"verl tools {names} (actor_rollout_ref.rollout.multi_turn.tool_config_path) are not used by "
+                      "the task_agent loop; give tools to the task instead, e.g. +agentic.task.gsm8k.tools=<tools "
+                      "YAML or names> (the YAML format is verl's)")
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+
+
+class _EpisodeHooks:
+    """Wraps a task's ``start`` and ``obs`` for one episode inside verl.
+
+    ``start``: once the task has built the conversation, its prompt length sets the episode's
+    token budget (prompt + ``response_length``; see the module docstring). The prompt is
+    rendered here once more than the loop renders it (a few milliseconds), so that the budget
+    is exact before the first turn. ``obs``: its wall time is verl's ``tool_calls`` metric.
+    """
+
+    def __init__(self, spec: Any, template: Any, limits: Any, prompt_length: int, response_length: int):
+        self.spec = spec
+        self.template = template
+        self.limits = limits
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.prompt_tokens: Optional[int] = None
+        self.obs_s = 0.0
+
+    async def start(self, row: dict, ctx: RolloutContext) -> Any:
+        from verl_agentic.rollout.loops import maybe_await
+
+        state = await maybe_await(self.spec.start(row, ctx))
+        if isinstance(state, EpisodeState):
+            try:
+                n = len(self.template.prompt_ids(state.messages, state.tools))
+            except EpisodeFailure:
+                return state  # the loop renders it again, records the template error and runs end()
+            self.prompt_tokens = n
+            # too long: a budget of n makes the loop end the episode on its prompt (and still run end())
+            self.limits.max_total_tokens = n + self.response_length if n <= self.prompt_length else n
+        return state
+
+    async def obs(self, state: EpisodeState, out: Any) -> Any:
+        from verl_agentic.rollout.loops import maybe_await
+
+        t0 = time.perf_counter()
+        try:
+            return await maybe_await(self.spec.obs(state, out))
+        finally:
+            self.obs_s += time.perf_counter() - t0
+
+
+@register("task_agent")
+class TaskAgentLoop(AgentLoopBase):
+    """Runs the row's verl_agentic task (``task_type``) through verl's server manager.
+
+    verl builds one instance per sample (``hydra.utils.instantiate`` of the registry entry,
+    plus the entry's own keys: ``agentic`` from an agent-loop YAML, see the module docstring).
+    """
+
+    def __init__(self, *args: Any, tools: Any = None, agentic: Any = None, name: Optional[str] = None,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.agent_name = name or "task_agent"
+        self.settings = TaskAgentSettings.from_sources(self.config.get("agentic"), agentic)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        _warn_verl_tools_once(tools)
+
+    # -- the row --------------------------------------------------------------------------
+    @staticmethod
+    def _describe(kwargs: dict) -> str:
+        return (f"sample index={plain(kwargs.get('index'))!r} uid={plain(kwargs.get('uid'))!r} "
+                f"data_source={plain(kwargs.get('data_source'))!r}")
+
+    def _row(self, kwargs: dict) -> dict:
+        """The dataset row as our tasks read it: verl's columns, with ``prompt`` = verl's
+        ``raw_prompt`` (the chat messages RLHFDataset built from ``data.prompt_key``)."""
+        if kwargs.get("raw_prompt") is None:
+            raise ConfigError(f"{self._describe(kwargs)}: no 'raw_prompt' (verl's RLHFDataset provides it: keep "
+                              "data.return_raw_chat=true)")
+        row = {k: plain(v) for k, v in kwargs.items() if k != "raw_prompt"}
+        row["prompt"] = [dict(m) for m in plain(kwargs["raw_prompt"])]
+        return row
+
+    def _task(self, row: dict, kwargs: dict) -> tuple[str, Any]:
+        from verl_agentic.tasks.registry import TASKS
+
+        name = row.get("task_type") or self.settings.task_type
+        if not name:
+            raise ConfigError(f"{self._describe(kwargs)} has no 'task_type' and agentic.task_type is not set "
+                              f"(+agentic.task_type=NAME); registered tasks: {', '.join(TASKS.names())}")
+        try:
+            spec = TASKS.get(str(name))
+        except ConfigError as e:
+            raise ConfigError(f"{self._describe(kwargs)}: {e}") from None
+        _check_task_config(str(name), spec, self.settings.task.get(str(name), {}))
+        return str(name), spec
+
+    # -- verl entry point -------------------------------------------------------------------
+    @rollout_trace_op
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        # imported on first use, not with the plugin: the plugin loads in every process that imports verl
+        import verl_agentic.tasks  # noqa: F401  (registers the built-in tasks)
+        from verl_agentic.rollout.loops import LoopLimits
+        from verl_agentic.rollout.template import ChatTemplate
+        from verl_agentic.rollout.trajectory import build_trajectory
+
+        row = self._row(kwargs)
+        task_type, spec = self._task(row, kwargs)
+        multi_turn = self.rollout_config.get("multi_turn") or {}
+        max_turns = self.settings.max_turns or multi_turn.get("max_assistant_turns") or DEFAULT_MAX_TURNS
+        sample_id = int(plain(kwargs.get("session_id", 0)) or 0)  # verl's v1 trainer: which of the n samples
+        index = plain(kwargs.get("index", 0))
+        ctx = RolloutContext(tokenizer=self.tokenizer, task_config=dict(self.settings.task.get(task_type, {})),
+                             sample_index=sample_id, max_turns=int(max_turns))
+        sampling = SamplingParams(
+            max_new_tokens=self.settings.max_new_tokens or self.response_length,
+            temperature=float(sampling_params.get("temperature", 1.0)),
+            top_p=float(sampling_params.get("top_p", 1.0)), top_k=int(sampling_params.get("top_k", -1)),
+        )
+        # verl's loops: one request id per episode (sticky session), fixed under full determinism
+        request_id = (f"det-{plain(kwargs.get('priority', 0))}" if self.rollout_config.get("full_determinism")
+                      else uuid.uuid4().hex)
+        backend = ServerManagerBackend(
+            self.server_manager, self.tokenizer,
+            model_stop_token_ids(self.config.actor_rollout_ref.model, self.tokenizer),
+            base_params=sampling_params, request_id=request_id,
+            generate_kwargs={"priority": int(plain(kwargs["priority"]))} if "priority" in kwargs else None,
+        )
+        limits = LoopLimits(int(max_turns), self.prompt_length + self.response_length, self.settings.episode_timeout_s)
+        template = ChatTemplate(self.tokenizer, plain(self.apply_chat_template_kwargs) or {})
+        hooks = _EpisodeHooks(spec, template, limits, self.prompt_length, self.response_length)
+        task = dataclasses.replace(spec, start=hooks.start, obs=hooks.obs)
+
+        state, result = await spec.loop(task, row, ctx, backend, sampling, limits, template)
+        traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
+                                task_type=task_type, index=int(index or 0), sample_id=sample_id)
+        self._check_errors(traj, hooks, kwargs)
+
+        metrics = AgentLoopMetrics(generate_sequences=backend.generate_s, tool_calls=hooks.obs_s,
+                                   num_preempted=-1 if backend.num_preempted is None else backend.num_preempted)
+        return to_agent_loop_output(
+            traj, prompt_length=self.prompt_length, response_length=self.response_length,
+            logprobs_expected=bool(sampling_params.get("logprobs", False)), metrics=metrics,
+            extra_fields={"min_global_steps": backend.min_global_steps, "max_global_steps": backend.max_global_steps},
+        )
+
+    def _check_errors(self, traj: dict, hooks: _EpisodeHooks, kwargs: dict) -> None:
+        error = traj["error"]
+        if error is None:
+            return
+        too_long = hooks.prompt_tokens is not None and hooks.prompt_tokens > self.prompt_length
+        if too_long and error["type"] == "context_overflow":
+            error["message"] = (f"the prompt has {hooks.prompt_tokens} tokens, more than "
+                                f"actor_rollout_ref.rollout.prompt_length={self.prompt_length}")
+        where = f"{self._describe(kwargs)} (task {traj['task_type']}, agent {self.agent_name})"
+        if not traj["prompt_ids"]:
+            raise TaskAgentError(f"{where}: the episode could not start: {error['type']}: {error['message']}")
+        if error["type"] in self.settings.raise_on_errors:
+            raise TaskAgentError(f"{where}: {error['type']}: {error['message']} (agentic.raise_on_errors="
+                                 f"{list(self.settings.raise_on_errors)})")
+        global _KEPT_ERRORS
+        _KEPT_ERRORS += 1
+        if _KEPT_ERRORS <= 10 or _KEPT_ERRORS % 1000 == 0:
+            logger.warning("%s: episode ended with %s (kept for training; #%d in this process): %s", where,
+                           error["type"], _KEPT_ERRORS, error["message"][:300])
