@@ -28,7 +28,7 @@ Logprob convention: ours is ``log_softmax(logits / temperature)`` before top-k/t
   Equal to ours when top_p=1 and top_k is off (our defaults), and greedy.
 
 So start vLLM with ``--logprobs-mode processed_logprobs`` for trainer-consistent logprobs
-(the integration tests compare them with the hf backend's).
+(tests/test_vllm.py checks them against ``log_softmax(logits / T)`` recomputed by transformers).
 
 Transport: one ``aiohttp`` session with a connection pool of ``concurrency`` connections and at
 most ``concurrency`` requests in flight. Connection errors, timeouts, 429 and 5xx answers are
