@@ -647,8 +647,8 @@ class PPOTrainer:
                 m = self.train_step()
                 history.append(m)
                 bar.update(1)
-                bar.set_postfix({k.split("/")[0] if k != "accuracy/mean" else "acc": f"{m[k]:.3f}"
-                                 for k in ("reward/mean", "accuracy/mean", "actor/logprob_gap_mean") if k in m},
+                labels = {"reward/mean": "reward", "accuracy/mean": "acc", "actor/logprob_gap_mean": "lp_gap"}
+                bar.set_postfix({name: f"{m[k]:.3g}" for k, name in labels.items() if m.get(k) is not None},
                                 refresh=False)
                 if save_freq > 0 and self.step % save_freq == 0 and self.step < total:
                     self.save_checkpoint()
