@@ -16,6 +16,6 @@ exec "$PYTHON" -m verl_agentic.main_ppo \
   algorithm.adv_estimator=grpo actor.policy_loss=vanilla actor.loss_agg_mode=token-mean \
   actor.optim.lr=5e-5 actor.grad_clip=1.0 \
   actor.ppo_mini_batch_size=32 actor.ppo_micro_batch_size=16 \
-  trainer.batch_size=4 trainer.total_steps=30 trainer.save_freq=0 trainer.save_hf_model=false \
+  trainer.batch_size=4 trainer.total_steps=20 trainer.save_freq=0 trainer.save_hf_model=false \
   trainer.logger='[jsonl]' \
   output.dir="outputs/learning_run/seed$SEED" "$@"
