@@ -15,7 +15,6 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.interfaces import ConfigError
 
 
 def train(cfg: DictConfig) -> list[dict]:
@@ -46,11 +45,9 @@ def train(cfg: DictConfig) -> list[dict]:
 
 @hydra.main(config_path="config", config_name="ppo", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        train(cfg)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from verl_agentic.main_rollout import run_or_exit
+
+    run_or_exit(train, cfg)
 
 
 def main() -> None:

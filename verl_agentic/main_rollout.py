@@ -151,13 +151,18 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     return trajectories, summary
 
 
-@hydra.main(config_path="config", config_name="rollout", version_base=None)
-def _hydra_main(cfg: DictConfig) -> None:
+def run_or_exit(fn: Any, cfg: DictConfig) -> None:
+    """A CLI entry's body: bad input is one clear stderr line and exit code 2, not a traceback."""
     try:
-        run(cfg)
+        fn(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+@hydra.main(config_path="config", config_name="rollout", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    run_or_exit(run, cfg)
 
 
 def main() -> None:
