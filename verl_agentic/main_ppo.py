@@ -8,7 +8,6 @@ Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/st
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
