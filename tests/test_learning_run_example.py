@@ -1,0 +1,102 @@
+"""examples/learning_run: the summary script, and that the committed evidence is what its metrics say."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "learning_run"
+
+
+def _load_summarize():
+    spec = importlib.util.spec_from_file_location("va_learning_run_summarize", EXAMPLE / "summarize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+summarize = _load_summarize()
+
+
+def _write_run(folder: Path, seed: int, rewards: list[float], step_s: float = 30.0) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(f"task_type: gsm8k\nseed: {seed}\nmodel:\n  path: embedded\n")
+    rows = [{"step": i + 1, "reward/mean": r, "turns/mean": 2.0 - r, "turns/multi_turn_frac": 1.0 - r,
+             "timing/step_s": step_s} for i, r in enumerate(rewards)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_summary_metrics_and_curve_from_run_folders(tmp_path, capsys):
+    rising = _write_run(tmp_path / "a", 3, [0.1, 0.0, 0.2, 0.1, 0.1, 0.3, 0.5, 0.6, 0.7, 0.6, 0.8])
+    flat = _write_run(tmp_path / "b", 4, [0.2] * 10)
+    out = tmp_path / "out"
+    rc = summarize.main([str(rising), str(flat), "--out", str(out)])
+    assert rc == 1  # the flat seed fails the criterion
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["seeds"]) == {"3", "4"} and s["all_passed"] is False
+    a = s["seeds"]["3"]
+    assert a["steps"] == 11 and a["window"] == 5
+    assert a["reward/mean"]["first"] == pytest.approx(0.08)
+    assert a["reward/mean"]["last"] == pytest.approx(0.64)
+    assert a["reward/mean"]["delta"] == pytest.approx(0.56) and a["passed"] is True
+    assert a["turns/mean"]["delta"] == pytest.approx(-0.56)
+    assert a["train_minutes"] == pytest.approx(11 * 30 / 60)
+    assert s["seeds"]["4"]["passed"] is False and s["seeds"]["4"]["reward/mean"]["delta"] == pytest.approx(0.0)
+    # per-step metrics are copied unchanged; the curve is a real PNG
+    copied = [json.loads(x) for x in (out / "metrics" / "seed3.jsonl").read_text().splitlines()]
+    assert copied == [json.loads(x) for x in (rising / "metrics.jsonl").read_text().splitlines()]
+    png = (out / "reward_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    table = capsys.readouterr().out
+    assert "| 3 | 11 | 5.5 | 0.080 | 0.640 | +0.560 |" in table and "| NO |" in table
+
+
+def test_too_slow_run_fails_the_criterion(tmp_path):
+    slow = _write_run(tmp_path / "s", 0, [0.0] * 5 + [1.0] * 5, step_s=200.0)  # 33 min of steps
+    assert summarize.main([str(slow), "--out", str(tmp_path / "out")]) == 1
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())["seeds"]["0"]
+    assert s["reward/mean"]["delta"] == pytest.approx(1.0) and s["passed"] is False
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    assert summarize.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "missing: no metrics.jsonl" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n{"step": 2}\n')
+    assert summarize.main([str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "metrics.jsonl:2: no numeric 'reward/mean'" in capsys.readouterr().err
+    a = _write_run(tmp_path / "x", 1, [0.1, 0.2])
+    b = _write_run(tmp_path / "y", 1, [0.1, 0.2])
+    assert summarize.main([str(a), str(b), "--out", str(tmp_path / "o")]) == 2
+    assert "seed 1 given twice" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_committed_evidence_matches_its_metrics():
+    """The committed summary is recomputable from the committed per-step metrics, and meets the issue's bar:
+    three seeds, each last-5 minus first-5 mean reward >= 0.2 within 20 minutes of training steps, with
+    the multi-turn path (retry feedback) in use."""
+    summary = json.loads((EXAMPLE / "summary.json").read_text())
+    files = sorted((EXAMPLE / "metrics").glob("seed*.jsonl"))
+    assert len(files) == len(summary["seeds"]) >= 3
+    for f in files:
+        seed = f.stem[len("seed"):]
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        recomputed = summarize.summarize_run(rows)
+        committed = summary["seeds"][seed]
+        for key in ("steps", "window", "train_minutes"):
+            assert committed[key] == pytest.approx(recomputed[key])
+        for key in summarize.KEYS:
+            for part in ("first", "last", "delta"):
+                assert committed[key][part] == pytest.approx(recomputed[key][part])
+        assert recomputed["reward/mean"]["delta"] >= 0.2 and recomputed["train_minutes"] <= 20.0
+        assert all(r["turns/multi_turn_frac"] > 0 for r in rows[:5])  # feedback turns happened
+        assert all(r.get("episode/errors", 0) == 0 for r in rows)
+    assert summary["all_passed"] is True
+    assert (EXAMPLE / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
