@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Optional
 
@@ -23,9 +20,9 @@ from verl_agentic.envserver.server import assistant_text
 from verl_agentic.interfaces import EpisodeFailure, EpisodeResult, EpisodeState, Observation
 from verl_agentic.tasks import TaskSpec, register_task
 
+from va_services import LoopbackProxy, ServiceProcess
 from va_testing import REPO
 
-TESTS = REPO / "tests"
 ENDED: list[tuple[str, Optional[dict]]] = []  # (uid, error) of every _t_env episode whose end() ran
 
 
@@ -203,26 +200,16 @@ async def test_shutdown_ends_live_sessions():
     assert ENDED[-1] == ("live", {"type": "cancelled", "message": "the environment service shut down"})
 
 
-class FaultProxy:
+class FaultProxy(LoopbackProxy):
     """A real HTTP server in front of ``upstream`` that answers the first ``times`` requests to ``path``
     with ``mode`` (``500``: an untyped 500, ``garbage``: 200 with non-JSON, ``hang``: no answer), then forwards."""
 
+    shutdown_timeout = 0.2
+
     def __init__(self, upstream: str, path: str, mode: str, times: float):
-        self.upstream, self.path, self.mode, self.times = upstream, path, mode, times
+        super().__init__(upstream)
+        self.path, self.mode, self.times = path, mode, times
         self.seen = 0
-
-    async def __aenter__(self) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -234,8 +221,7 @@ class FaultProxy:
                 if self.mode == "garbage":
                     return web.Response(body=b"\x00\xff not json", content_type="application/json")
                 await asyncio.sleep(30)
-        async with self._session.request(request.method, self.upstream + request.path, data=body) as r:
-            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+        return await self.forward_response(request, body)
 
 
 @pytest.mark.parametrize("mode,error", [("500", "service_unavailable"), ("garbage", "bad_response"),
@@ -262,18 +248,10 @@ async def test_client_retries_transport_faults_then_gives_a_typed_error(mode, er
 def test_the_cli_serves_registered_and_module_tasks_and_stops_cleanly(tmp_path):
     cfg = tmp_path / "tasks.yaml"
     cfg.write_text("gsm8k:\n  feedback: none\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))
-    proc = subprocess.Popen([sys.executable, "-m", "verl_agentic.envserver", "--port", "0", "--task-config",
-                             str(cfg), "--task-module", "test_envserver"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=True)
-    try:
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        assert box and box[0].startswith("environment service listening on http://127.0.0.1:"), \
-            (box, proc.poll() is not None and proc.stderr.read())
-        url = box[0].split()[-1]
+    with ServiceProcess("verl_agentic.envserver", "--task-config", str(cfg), "--task-module", "test_envserver",
+                        ready="environment service listening on ") as server:
+        url = server.url
+        assert url.startswith("http://127.0.0.1:")
 
         async def talk():
             client = EnvClient(url)
@@ -288,10 +266,8 @@ def test_the_cli_serves_registered_and_module_tasks_and_stops_cleanly(tmp_path):
         health, start, step = asyncio.run(talk())
         assert {"gsm8k", "_t_env", "gen_chat", "dr"} <= set(health["tasks"])
         assert start["session_id"] == "cli" and step["done"] is True
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(30) == 0
-    assert "environment service stopped (2 sessions ended)" in proc.stderr.read()
+        assert server.stop() == 0
+        assert "environment service stopped (2 sessions ended)" in server.stderr_text()
     bad = subprocess.run([sys.executable, "-m", "verl_agentic.envserver", "--task-module", "no_such_module_x"],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert bad.returncode == 2 and "--task-module 'no_such_module_x' cannot be imported" in bad.stderr

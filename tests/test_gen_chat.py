@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from typing import Optional
 
 import aiohttp
@@ -36,35 +33,11 @@ from verl_agentic.tasks import get_task, register_task
 from verl_agentic.tasks.gen_chat import GenChatConfig, as_gen_chat_row
 from verl_agentic.tasks.gsm8k import gsm8k_preprocess
 
+from va_services import LoopbackProxy, ServiceProcess
 from va_testing import GSM8K_TEST, REPO
 
 register_task("_t_gsm8k_chat", dataclasses.replace(get_task("gsm8k"), loop=openai_chat_agent_loop,
                                                    name="_t_gsm8k_chat"), replace=True)
-
-
-class EnvServerProcess:
-    """``python -m verl_agentic.envserver --port 0`` as a real subprocess."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "verl_agentic.envserver", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                                     start_new_session=True)
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        prefix = "environment service listening on "
-        if not box or not box[0].startswith(prefix):
-            self.stop()
-            pytest.fail(f"the environment service did not start: {box} {self.proc.stderr.read()}")
-        self.url = box[0][len(prefix):].strip()
-
-    def stop(self) -> int:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        return self.proc.wait(30)
 
 
 def _health(url: str) -> dict:
@@ -84,7 +57,7 @@ def test_gsm8k_through_gen_chat_equals_the_in_process_run(smol_dir):
         row = gsm8k_preprocess({"question": q, "answer": f"#### {a}"}, i)
         row["prompt"] = [{"role": "user", "content": f"{q}\nAnswer with the number only."}]
         rows.append(row)
-    server = EnvServerProcess()
+    server = ServiceProcess("verl_agentic.envserver", ready="environment service listening on ")
     try:
         task_configs = {"_t_gsm8k_chat": {"feedback": "verify"}, "gsm8k": {"feedback": "verify"},
                         "gen_chat": {"url": server.url, "env_config": {"feedback": "verify"}}}
@@ -97,7 +70,9 @@ def test_gsm8k_through_gen_chat_equals_the_in_process_run(smol_dir):
         local, remote = asyncio.run(both())
         assert _health(server.url)["sessions"] == 0  # every session was ended
     finally:
-        assert server.stop() == 0
+        code = server.stop()
+        server.close()
+    assert code == 0
     assert any(t["num_turns"] == 2 for t in remote), "no feedback turn: the test would not cover multi-turn"
     assert any(t["reward"] == 1.0 for t in remote), "no right answer: the rewards would all be 0"
     for a, b in zip(local, remote):
@@ -113,7 +88,7 @@ def test_gsm8k_through_gen_chat_equals_the_in_process_run(smol_dir):
         assert report.ok, report.as_dict()
 
 
-class SessionFaultProxy:
+class SessionFaultProxy(LoopbackProxy):
     """A real HTTP server in front of an environment service that injects faults per episode.
 
     ``rules`` maps a row ``uid`` to ``(path, mode, times)``: that episode's first ``times`` requests to
@@ -122,23 +97,13 @@ class SessionFaultProxy:
     ``/start`` carries next to the row.
     """
 
+    shutdown_timeout = 0.2
+
     def __init__(self, upstream: str, rules: dict[str, tuple[str, str, float]]):
-        self.upstream, self.rules = upstream, rules
+        super().__init__(upstream)
+        self.rules = rules
         self.uid_of: dict[str, str] = {}
         self.hits: dict[str, int] = {}
-
-    async def __aenter__(self) -> str:
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
 
     def _fault(self, path: str, body: bytes) -> Optional[str]:
         payload = json.loads(body) if body else {}
@@ -160,8 +125,7 @@ class SessionFaultProxy:
             return web.Response(body=b"\x00\xff{not json", content_type="application/json")
         if mode == "hang":
             await asyncio.sleep(30)
-        async with self._session.request(request.method, self.upstream + request.path, data=body) as r:
-            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+        return await self.forward_response(request, body)
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 import aiohttp
 import psutil
@@ -31,6 +28,8 @@ from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward.base import RewardConfig, RewardItem, make_reward_manager
 from verl_agentic.reward.server import serve
 
+from va_services import LoopbackProxy, ServiceProcess
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SERVER_TIMEOUT_S = 1.0
@@ -40,63 +39,13 @@ FAST_RETRIES = dict(max_retries=4, retry_backoff_s=0.02)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the test process dies, so an interrupted run leaves no server."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class ServerProcess:
+class ServerProcess(ServiceProcess):
     """``python -m verl_agentic.reward.server`` as a real subprocess, in its own process group."""
 
     def __init__(self, port: int = 0, *args: str):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "verl_agentic.reward.server", "--port", str(port), "--workers",
-             str(SERVER_WORKERS), "--timeout-s", str(SERVER_TIMEOUT_S), "--scorer-module", "va_faulty_scorers",
-             "--quiet", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
-            preexec_fn=_die_with_parent)
-        line = self._first_line(timeout=60)
-        prefix = "reward server listening on "
-        assert line.startswith(prefix), f"unexpected first line {line!r}; stderr: {self._stderr()}"
-        self.url = line[len(prefix):].strip()
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def _first_line(self, timeout: float) -> str:
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            self.kill()
-            pytest.fail(f"the reward server did not start within {timeout} s; stderr: {self._stderr()}")
-        return box[0]
-
-    def _stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stderr.read()[-3000:]
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> None:
-        """SIGKILL the server (and its process group); its worker processes are left to notice."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+        super().__init__("verl_agentic.reward.server", "--workers", str(SERVER_WORKERS), "--timeout-s",
+                         str(SERVER_TIMEOUT_S), "--scorer-module", "va_faulty_scorers", "--quiet", *args,
+                         ready="reward server listening on ", port=port)
 
 
 def _kill_leftovers(procs: list[psutil.Process]) -> list[int]:
@@ -153,7 +102,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class FaultInjectingProxy:
+class FaultInjectingProxy(LoopbackProxy):
     """A real HTTP server in front of ``upstream``: its first ``faulty`` ``POST /score`` requests get
     ``mode``, later ones are forwarded. ``GET`` requests are forwarded (or 404 with ``health=False``).
 
@@ -163,37 +112,16 @@ class FaultInjectingProxy:
     """
 
     def __init__(self, upstream: str, mode: str = "500", faulty: float = 0, health: bool = True):
-        self.upstream, self.mode, self.faulty, self.health = upstream, mode, faulty, health
+        super().__init__(upstream)
+        self.mode, self.faulty, self.health = mode, faulty, health
         self.score_requests = 0
         self.in_flight = self.max_in_flight = 0
-        self._runner: Optional[web.AppRunner] = None
-        self._session: Optional[aiohttp.ClientSession] = None
-
-    async def __aenter__(self) -> str:
-        app = web.Application(client_max_size=256 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
-
-    async def _forward(self, request: web.Request) -> tuple[int, bytes]:
-        async with self._session.request(request.method, self.upstream + request.path_qs,
-                                         data=await request.read(), headers={"Content-Type": "application/json"}) as r:
-            return r.status, await r.read()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET":
             if not self.health:
                 return web.json_response({"error": "no health here"}, status=404)
-            status, body = await self._forward(request)
-            return web.Response(status=status, body=body, content_type="application/json")
+            return await self.forward_response(request)
         self.score_requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -216,7 +144,7 @@ class FaultInjectingProxy:
             return web.Response()
         if mode == "stall":
             await asyncio.sleep(30)
-        status, body = await self._forward(request)
+        status, body = await self.forward(request)
         if mode == "truncated":
             body = body[: len(body) // 2]
         elif mode == "wrong_count":

@@ -271,7 +271,7 @@ async def test_shutdown_kills_commands_and_removes_every_workdir(tmp_path, sig):
             pids = [int(pid_file.read_text()), int(bg_file.read_text())]  # the second left the process group
             assert all(_alive(p) for p in pids)
             code = await asyncio.to_thread(server.stop, sig)
-            stderr = server.proc.stderr.read()
+            stderr = server.stderr_text()
             assert code == 0, stderr[-2000:]
             with pytest.raises(SandboxError) as e:
                 await running

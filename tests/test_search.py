@@ -2,11 +2,8 @@
 over a local index and over a real HTTP search service (``serve`` subprocess and in-process)."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -14,6 +11,7 @@ from verl_agentic.interfaces import ConfigError
 from verl_agentic.tools import load_tools
 from verl_agentic.tools.search import SearchIndex, SearchTool, build_index, fts_query, serve
 
+from va_services import ServiceProcess
 from va_testing import REPO
 
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -149,16 +147,10 @@ async def test_search_tool_local_and_over_http_give_the_same_results(gsm8k_index
 def test_serve_subprocess_answers_search_and_health(gsm8k_index):
     import urllib.request
 
-    proc = subprocess.Popen([sys.executable, "-m", "verl_agentic.tools.search", "serve", str(gsm8k_index),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
-    try:
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        assert box and box[0].startswith("search server listening on http://127.0.0.1:"), box
-        url = box[0].split()[4]
+    with ServiceProcess("verl_agentic.tools.search", "serve", str(gsm8k_index),
+                        ready="search server listening on ") as server:
+        url = server.url
+        assert url.startswith("http://127.0.0.1:")
         health = json.load(urllib.request.urlopen(f"{url}/health", timeout=10))
         assert health == {"status": "ok", "docs": 7473, "index": str(gsm8k_index)}
         req = urllib.request.Request(f"{url}/search", data=json.dumps({"query": "clips April May", "k": 1}).encode(),
@@ -169,6 +161,4 @@ def test_serve_subprocess_answers_search_and_health(gsm8k_index):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(bad, timeout=10)
         assert e.value.code == 400 and json.load(e.value)["error"]["type"] == "bad_request"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert server.stop() == 0

@@ -184,6 +184,8 @@ def test_main_ppo_cli(tiny_smol_dir, tmp_path):
     assert any((out / "tensorboard").rglob("events.out.tfevents.*"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and "first5/reward/mean" in summary
+    step_s = sum(x["timing/step_s"] for x in lines)
+    assert step_s <= summary["wall_s"] < step_s + 240  # the steps plus loading, not some other clock
     bad = subprocess.run(args[:-1] + ["algorithm.adv_estimator=nope", f"output.dir={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert bad.returncode == 2 and "grpo" in bad.stderr and "Traceback" not in bad.stderr

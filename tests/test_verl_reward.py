@@ -13,8 +13,6 @@ import asyncio
 import json
 import os
 import re
-import select
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from va_testing import GSM8K_TEST, QWEN25_DIR, REPO
+from va_services import ServiceProcess
+from va_testing import GSM8K_TEST, QWEN25_DIR
 
 import verl  # noqa: F401  (loads the verl.plugins entry points, ours included)
 from verl import DataProto
@@ -483,30 +482,11 @@ def test_missing_ground_truth_is_a_clear_error(qwen25_tokenizer, samples):
 
 @pytest.fixture(scope="module")
 def reward_server():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "verl_agentic.reward.server", "--host", "127.0.0.1", "--port", "0", "--workers", "2",
-         "--timeout-s", "10", "--scorer-module", "va_faulty_scorers", "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    url, lines, deadline = None, [], time.monotonic() + 90
-    while url is None and time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"reward server listening on (http://\S+)", line)
-            url = m.group(1) if m else None
-    if url is None:
-        proc.kill()
-        pytest.fail("reward server did not start:\n" + "".join(lines)[-3000:])
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with ServiceProcess("verl_agentic.reward.server", "--workers", "2", "--timeout-s", "10", "--scorer-module",
+                        "va_faulty_scorers", "--quiet", ready="reward server listening on ",
+                        start_timeout_s=90) as server:
+        yield server.url
+        assert server.stop() == 0
 
 
 def test_swedev_through_the_reward_server(reward_server, qwen25_tokenizer, samples, expected):

@@ -8,6 +8,7 @@ Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/st
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -19,10 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 def train(cfg: DictConfig) -> list[dict]:
     from verl_agentic.trainer import PPOTrainer
 
+    t0 = time.monotonic()
     trainer = PPOTrainer(cfg)
     history = trainer.fit()
     out = Path(cfg.output.dir)
-    summary = {"steps": trainer.step, "config": OmegaConf.to_container(cfg, resolve=True)}
+    # wall_s: this process's training, model loading included (a resumed run counts only its own part)
+    summary = {"steps": trainer.step, "wall_s": round(time.monotonic() - t0, 1),
+               "config": OmegaConf.to_container(cfg, resolve=True)}
     if history:
         first, last = history[: min(5, len(history))], history[-min(5, len(history)):]
 

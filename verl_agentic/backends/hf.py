@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from verl_agentic.backends.attention import use_grouped_attention
-from verl_agentic.backends.base import GenerationBackend
+from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
 from verl_agentic.interfaces import GenOutput, SamplingParams
 
 
@@ -64,24 +64,6 @@ class _Row:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.request.sampling.max_new_tokens:
             self.finish_reason = "length"
-
-
-def _model_stop_ids(model: PreTrainedModel) -> list[int]:
-    """EOS ids of the model's generation config and config, in order, without duplicates.
-
-    The tokenizer's ``eos_token_id`` is deliberately not used: some converted tokenizers
-    (e.g. from GGUF) carry a wrong one, while the model's configs say how it ends a turn.
-    """
-    ids: list[int] = []
-    generation_config = getattr(model, "generation_config", None)
-    for value in (
-        getattr(generation_config, "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-    ):
-        for token_id in [value] if isinstance(value, int) else value or []:
-            if token_id not in ids:
-                ids.append(token_id)
-    return ids
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -160,7 +142,7 @@ class HFBackend(GenerationBackend):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
-        self.stop_token_ids = _model_stop_ids(model)
+        self.stop_token_ids = stop_ids_from_configs(getattr(model, "generation_config", None), model.config)
         if tokenizer.pad_token_id is not None:
             self._pad_id: int = tokenizer.pad_token_id
         else:  # any valid id works: padded positions are masked out

@@ -57,13 +57,12 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Optional, TypeVar
 from urllib.parse import urlparse
 
 import aiohttp
 
-from verl_agentic.backends.base import GenerationBackend
+from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
 from verl_agentic.interfaces import ChatOutput, ConfigError, EpisodeFailure, GenOutput, SamplingParams
 
 BACKOFF_CAP_S = 8.0
@@ -179,14 +178,9 @@ def _stop_ids_from_folder(path: Path) -> list[int]:
     from the model (a tokenizer-only folder has none)."""
     from transformers import AutoConfig, GenerationConfig
 
-    from verl_agentic.backends.hf import _model_stop_ids
-
-    configs = SimpleNamespace(generation_config=None, config=None)
-    if (path / "generation_config.json").is_file():
-        configs.generation_config = GenerationConfig.from_pretrained(path)
-    if (path / "config.json").is_file():
-        configs.config = AutoConfig.from_pretrained(path)
-    return _model_stop_ids(configs)
+    generation_config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
+    config = AutoConfig.from_pretrained(path) if (path / "config.json").is_file() else None
+    return stop_ids_from_configs(generation_config, config)
 
 
 class OpenAIBackend(GenerationBackend):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import signal
 import sys
 from typing import Optional, Sequence
 
@@ -27,6 +26,7 @@ from verl_agentic.envserver.server import (
     serve,
 )
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.serving import run_until_signalled
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -75,23 +75,13 @@ def build_service(args: argparse.Namespace) -> EnvService:
                       max_sessions=args.max_sessions)
 
 
-async def _serve_until_signalled(service: EnvService, host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(service, host, port) as url:
-        print(f"environment service listening on {url}", flush=True)
-        await stop.wait()
-    print(f"environment service stopped ({service.counts['sessions_ended']} sessions ended)",
-          file=sys.stderr, flush=True)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
         service = build_service(args)
-        asyncio.run(_serve_until_signalled(service, args.host, args.port))
+        asyncio.run(run_until_signalled(
+            serve(service, args.host, args.port), lambda url: f"environment service listening on {url}",
+            lambda: f"environment service stopped ({service.counts['sessions_ended']} sessions ended)"))
     except ConfigError as e:
         print(f"environment service: {e}", file=sys.stderr, flush=True)
         return 2

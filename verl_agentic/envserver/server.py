@@ -64,6 +64,7 @@ from verl_agentic.interfaces import (
     Observation,
     RolloutContext,
 )
+from verl_agentic.serving import serve_app
 from verl_agentic.tools.parsers import get_parser
 
 DEFAULT_SESSION_TTL_S = 600.0
@@ -424,13 +425,8 @@ def make_app(service: Optional[EnvService] = None, **kwargs: Any) -> web.Applica
 async def serve(service: Optional[EnvService] = None, host: str = "127.0.0.1", port: int = 0,
                 **kwargs: Any) -> AsyncIterator[str]:
     """Serve in this event loop; yields ``http://host:port`` (the real port when ``port=0``)."""
-    runner = web.AppRunner(make_app(service, **kwargs), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        yield f"http://{host}:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(make_app(service, **kwargs), host, port, shutdown_timeout=2.0) as url:
+        yield url
 
 
 __all__ = ["EnvService", "ServiceError", "assistant_text", "make_app", "serve"]

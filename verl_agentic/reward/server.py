@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import inspect
 import json
-import signal
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -55,6 +54,7 @@ from aiohttp import web
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward.base import RewardConfig, RewardItem, RewardManager, RewardResult, make_reward_manager
 from verl_agentic.reward.scorers import SCORERS, import_scorer_modules
+from verl_agentic.serving import run_until_signalled, serve_app
 
 DEFAULT_MAX_REQUEST_MB = 64.0
 MAX_KWARGS_VARIANTS = 8
@@ -264,17 +264,9 @@ def make_app(config: Optional[RewardConfig] = None, *, max_request_mb: float = D
 async def serve(config: Optional[RewardConfig] = None, host: str = "127.0.0.1", port: int = 0, *,
                 max_request_mb: float = DEFAULT_MAX_REQUEST_MB, quiet: bool = True) -> AsyncIterator[str]:
     """Serve in this event loop; yields ``http://host:port`` (the real port when ``port=0``)."""
-    app = make_app(config, max_request_mb=max_request_mb)
-    kwargs: dict = {"access_log": None} if quiet else {}
-    runner = web.AppRunner(app, shutdown_timeout=2.0, **kwargs)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        real_port = runner.addresses[0][1]
-        yield f"http://{host}:{real_port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(make_app(config, max_request_mb=max_request_mb), host, port, shutdown_timeout=2.0,
+                         quiet=quiet) as url:
+        yield url
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -293,17 +285,6 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve_until_signalled(config: RewardConfig, args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(config, args.host, args.port, max_request_mb=args.max_request_mb, quiet=args.quiet) as url:
-        print(f"reward server listening on {url}", flush=True)
-        await stop.wait()
-    print("reward server stopped", file=sys.stderr, flush=True)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
@@ -312,7 +293,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             timeout_s=args.timeout_s if args.timeout_s > 0 else None,
             memory_limit_mb=args.memory_limit_mb if args.memory_limit_mb > 0 else None,
             scorer_modules=list(args.scorer_module))
-        asyncio.run(_serve_until_signalled(config, args))
+        asyncio.run(run_until_signalled(
+            serve(config, args.host, args.port, max_request_mb=args.max_request_mb, quiet=args.quiet),
+            lambda url: f"reward server listening on {url}", lambda: "reward server stopped"))
     except ConfigError as e:
         print(f"reward server: {e}", file=sys.stderr, flush=True)
         return 2

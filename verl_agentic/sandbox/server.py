@@ -69,7 +69,6 @@ import itertools
 import os
 import queue
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -84,6 +83,7 @@ from aiohttp import web
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.sandbox import runtime
 from verl_agentic.sandbox.runtime import Changes, FileSet, HiddenTests, PathError
+from verl_agentic.serving import run_until_signalled, serve_app
 from verl_agentic.tools.python_sandbox import SandboxLimits, sandbox_support
 
 ROOT_PREFIX = "va_sandboxd-"
@@ -724,15 +724,8 @@ def make_app(config: Optional[ServiceConfig] = None) -> web.Application:
 async def serve(config: Optional[ServiceConfig] = None, host: str = "127.0.0.1", port: int = 0, *,
                 quiet: bool = True) -> AsyncIterator[str]:
     """Serve in this event loop; yields ``http://host:port`` (the real port when ``port=0``)."""
-    app = make_app(config)
-    runner = web.AppRunner(app, shutdown_timeout=5.0, **({"access_log": None} if quiet else {}))
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        yield f"http://{host}:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(make_app(config), host, port, shutdown_timeout=5.0, quiet=quiet) as url:
+        yield url
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -771,23 +764,14 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
                          score_workers=args.score_workers, score_timeout_s=args.score_timeout_s)
 
 
-async def _serve_until_signalled(config: ServiceConfig, args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(config, args.host, args.port, quiet=args.quiet) as url:
-        print(f"sandbox server listening on {url}", flush=True)
-        await stop.wait()
-    print("sandbox server stopped: all sandboxes destroyed", file=sys.stderr, flush=True)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     try:
         config = config_from_args(args)
         config.validate()
-        asyncio.run(_serve_until_signalled(config, args))
+        asyncio.run(run_until_signalled(serve(config, args.host, args.port, quiet=args.quiet),
+                                        lambda url: f"sandbox server listening on {url}",
+                                        lambda: "sandbox server stopped: all sandboxes destroyed"))
     except ConfigError as e:
         print(f"sandbox server: {e}", file=sys.stderr, flush=True)
         return 2

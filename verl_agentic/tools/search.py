@@ -42,7 +42,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import sqlite3
 import sys
 import threading
@@ -378,28 +377,15 @@ def make_app(index: SearchIndex):
 @contextlib.asynccontextmanager
 async def serve(index: str | os.PathLike | SearchIndex, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve ``index`` in this event loop; yields ``http://host:port`` (the real port when ``port=0``)."""
-    from aiohttp import web
+    from verl_agentic.serving import serve_app
 
     idx = index if isinstance(index, SearchIndex) else SearchIndex(index)
-    runner = web.AppRunner(make_app(idx), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
-        yield f"http://{host}:{runner.addresses[0][1]}"
+        async with serve_app(make_app(idx), host, port, shutdown_timeout=1.0) as url:
+            yield url
     finally:
-        await runner.cleanup()
         if idx is not index:
             idx.close()
-
-
-async def _serve_until_signalled(index: SearchIndex, host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(index, host, port) as url:
-        print(f"search server listening on {url} ({index.num_docs} docs)", flush=True)
-        await stop.wait()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -432,7 +418,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for rank, hit in enumerate(SearchIndex(args.index).search(args.query, args.k), 1):
                 print(f"#{rank}  id={hit.id}  score={hit.score:.3f}\n{format_hits([hit], args.max_chars)[4:]}\n")
         else:
-            asyncio.run(_serve_until_signalled(SearchIndex(args.index), args.host, args.port))
+            from verl_agentic.serving import run_until_signalled
+
+            index = SearchIndex(args.index)
+            asyncio.run(run_until_signalled(serve(index, args.host, args.port),
+                                            lambda url: f"search server listening on {url} ({index.num_docs} docs)"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
