@@ -41,10 +41,10 @@ def test_summary_metrics_and_curve_from_run_folders(tmp_path, capsys):
     assert set(s["seeds"]) == {"3", "4"} and s["all_passed"] is False
     a = s["seeds"]["3"]
     assert a["steps"] == 11 and a["window"] == 5
-    assert a["reward/mean"]["first"] == pytest.approx(0.08)
+    assert a["reward/mean"]["first"] == pytest.approx(0.1)
     assert a["reward/mean"]["last"] == pytest.approx(0.64)
-    assert a["reward/mean"]["delta"] == pytest.approx(0.56) and a["passed"] is True
-    assert a["turns/mean"]["delta"] == pytest.approx(-0.56)
+    assert a["reward/mean"]["delta"] == pytest.approx(0.54) and a["passed"] is True
+    assert a["turns/mean"]["delta"] == pytest.approx(-0.54)
     assert a["train_minutes"] == pytest.approx(11 * 30 / 60)
     assert s["seeds"]["4"]["passed"] is False and s["seeds"]["4"]["reward/mean"]["delta"] == pytest.approx(0.0)
     # per-step metrics are copied unchanged; the curve is a real PNG
@@ -53,7 +53,7 @@ def test_summary_metrics_and_curve_from_run_folders(tmp_path, capsys):
     png = (out / "reward_curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     table = capsys.readouterr().out
-    assert "| 3 | 11 | 5.5 | 0.080 | 0.640 | +0.560 |" in table and "| NO |" in table
+    assert "| 3 | 11 | 5.5 | 0.100 | 0.640 | +0.540 |" in table and "| NO |" in table
 
 
 def test_too_slow_run_fails_the_criterion(tmp_path):
