@@ -80,7 +80,7 @@ async def test_gsm8k_feedback_over_the_protocol():
         assert status == 200 and wrong["done"] is False and wrong["turn_reward"] == 0.0
         assert wrong["messages"][0]["role"] == "user" and "Are you sure?" in wrong["messages"][0]["content"]
         status, right = await _post(url, "/step", {"session_id": sid, "turn": 2, "message": _msg("2+2 = #### 4")})
-        assert status == 200 and right == {"messages": [], "done": True, "turn_reward": 1.0, "metrics": {}}
+        assert status == 200 and right == {"messages": [], "done": True, "turn_reward": 1.0, "metrics": {}, "info": {}}
         status, end = await _post(url, "/end", {"session_id": sid, "finish_reason": "stop"})
         assert status == 200 and end["reward"] == 1.0
         assert end["metrics"]["flips_wrong_to_right"] == 1.0 and end["metrics"]["feedback_turns"] == 1.0
@@ -109,8 +109,9 @@ async def test_tool_calls_reach_the_task_in_its_parser_format_and_answers_keep_c
         step = await client.step("s1", 1, _msg("Let me compute.", tool_calls=calls))
         assert [(m["role"], m["content"], m["tool_call_id"]) for m in step["messages"]] == \
             [("tool", "42", "call_a"), ("tool", "1024", "call_b")]
+        assert step["info"] == {"tool_calls": [{"name": "calculator", "status": "ok"}] * 2}  # this turn's calls
         done = await client.step("s1", 2, _msg("The answer is 42."))
-        assert done["done"] is True and done["messages"] == []
+        assert done["done"] is True and done["messages"] == [] and done["info"] == {}
         end = await client.end("s1")
         assert end["metrics"]["tool_calls"] == 2.0 and end["metrics"]["tool_ok"] == 2.0
         await client.close()

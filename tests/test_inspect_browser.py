@@ -313,6 +313,37 @@ def test_hostile_output_renders_as_text(browser, runs, tmp_path):
     assert len(checks) == 4
 
 
+def test_turns_with_failed_tool_calls_are_marked(browser, runs, tmp_path):
+    """A turn's ``info`` (its tool calls' outcomes, as the tool tasks record them) shows on that turn's
+    mark; a turn with a failed or unparseable call is flagged, a turn whose calls all worked is not."""
+    from verl_agentic.inspect import write_report
+
+    src, dst = runs["rollout"], tmp_path / "tools"
+    dst.mkdir()
+    shutil.copy(src / "summary.json", dst / "summary.json")
+    trajs = read_jsonl(src / "trajectories.jsonl")
+    t = trajs[0]
+    assistant = [k for k, x in enumerate(t["turns"]) if x["role"] == "assistant"]
+    assert len(assistant) >= 2, "the fixture run needs a multi-turn episode"
+    t["turns"][assistant[0]]["info"] = {"tool_calls": [{"name": "python", "status": "timeout"},
+                                                        {"name": HOSTILE, "status": "ok"}], "parse_errors": 1}
+    t["turns"][assistant[1]]["info"] = {"tool_calls": [{"name": "calculator", "status": "ok"}]}
+    (dst / "trajectories.jsonl").write_text("".join(json.dumps(x) + "\n" for x in trajs))
+    _open(browser, write_report(dst, tmp_path / "rep", drift=False))
+    _wait(browser, "#episodes tr.ep")
+    _css(browser, "#episodes tr.ep")[0].click()
+    _wait(browser, "#tokens")
+    marks = _css(browser, "#tokens .turnmark")[1:]  # [0] is the prompt's
+    assert len(marks) == len(t["turns"])
+    text = [m.get_attribute("textContent") for m in marks]
+    flagged = ["turnerr" in m.get_attribute("class").split() for m in marks]
+    assert text[assistant[0]].endswith(f" tools: python=timeout, {HOSTILE}=ok unparsed calls=1")
+    assert text[assistant[1]].endswith(" tools: calculator=ok")
+    assert flagged == [k == assistant[0] for k in range(len(t["turns"]))]
+    assert browser.execute_script("return window.__pwned") is None
+    _no_page_errors(browser)
+
+
 def test_compare_view_side_by_side(browser, runs, tmp_path, tiny_qwen_dir):
     from verl_agentic.inspect import write_report
 

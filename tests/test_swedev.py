@@ -202,6 +202,14 @@ async def test_tools_run_in_order_and_model_errors_are_tool_messages(tokenizer_n
     assert texts[8] == "0.5"
     m = traj["metrics"]
     assert (m["tool_calls"], m["tool_ok"], m["tool_error"], m["parse_errors"]) == (8, 5, 3, 1)
+    # ... and per turn, on the assistant turn that made the calls (what the inspector marks)
+    ok, err = "ok", "error"
+    assert [x.get("info") for x in traj["turns"] if x["role"] == "assistant"] == [
+        {"tool_calls": [{"name": n, "status": s} for n, s in
+                        [("view_file", ok), ("view_file", err), ("edit_file", ok), ("run_tests", ok), ("view_file", ok)]]},
+        {"tool_calls": [{"name": "nope", "status": err}, {"name": "write_file", "status": err}], "parse_errors": 1},
+        {"tool_calls": [{"name": "run_command", "status": ok}]},
+        None]
     assert (m["test_runs"], m["commands"], m["files_written"], m["hidden_tests_passed"]) == (1, 1, 1, 1)
     report = check_drift(traj, tokenizer, stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")])
     assert report.ok and report.injected_tokens > 200, report.as_dict()

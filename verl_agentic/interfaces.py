@@ -104,12 +104,15 @@ class Observation:
 
     ``messages`` are appended to the conversation (tokenized as the chat template's delta)
     when the episode goes on; ``turn_reward`` is stored on the assistant turn it judges.
+    ``metrics`` update the episode's metrics; ``info`` (JSON-serialisable facts about this turn
+    only, e.g. the outcome of each of its tool calls) is stored on the assistant turn as ``info``.
     """
 
     messages: list[dict] = field(default_factory=list)
     done: bool = False
     turn_reward: Optional[float] = None
     metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,11 +153,14 @@ class Turn:
     reward: Optional[float] = None
     finish_reason: Optional[str] = None  # assistant turns: "stop" | "length"
     num_messages: int = 1  # injected turns: how many messages this delta holds
+    info: Optional[dict] = None  # assistant turns: the Observation's ``info`` (e.g. its tool calls' outcomes)
 
     def as_dict(self) -> dict:
         d = {"role": self.role, "start": self.start, "end": self.end, "text": self.text}
         if self.reward is not None:
             d["reward"] = self.reward
+        if self.info:
+            d["info"] = self.info
         if self.finish_reason is not None:
             d["finish_reason"] = self.finish_reason
         if self.role != "assistant":

@@ -55,7 +55,8 @@ def _is_messages(v: Any) -> bool:
 START_SHAPE = {"session_id": lambda v: isinstance(v, str), "messages": _is_messages,
                "tools": lambda v: v is None or isinstance(v, list)}
 STEP_SHAPE = {"messages": _is_messages, "done": lambda v: isinstance(v, bool),
-              "turn_reward": lambda v: v is None or _is_number(v), "metrics": lambda v: isinstance(v, dict)}
+              "turn_reward": lambda v: v is None or _is_number(v), "metrics": lambda v: isinstance(v, dict),
+              "info": lambda v: v is None or isinstance(v, dict)}  # optional: older services send none
 END_SHAPE = {"reward": _is_number, "metrics": lambda v: isinstance(v, dict)}
 
 

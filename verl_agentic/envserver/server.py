@@ -6,7 +6,7 @@ Protocol (JSON in and out; errors are ``{"error": {"type", "message", "retryable
   "seed"?}`` -> ``{"session_id", "messages", "tools"}``: runs the task's ``start``. A client-chosen
   ``session_id`` makes the call idempotent: repeating it returns the same answer.
 - ``POST /step`` ``{"session_id", "turn", "message", "finish_reason"?}`` -> ``{"messages", "done",
-  "turn_reward", "metrics"}``: ``message`` is assistant turn ``turn`` (1, 2, ...; OpenAI form,
+  "turn_reward", "metrics", "info"}``: ``message`` is assistant turn ``turn`` (1, 2, ...; OpenAI form,
   ``tool_calls`` allowed); runs the task's ``obs``. Repeating the last turn returns the cached
   answer (a retried request never runs ``obs`` twice; a repeat that arrives while the first is
   running waits for it); any other turn number is a 409.
@@ -288,7 +288,7 @@ class EnvService:
             state.messages.extend(messages)
         self.counts["steps"] += 1
         return json.loads(json.dumps({"messages": messages, "done": bool(ob.done), "turn_reward": ob.turn_reward,
-                                      "metrics": ob.metrics}, default=str))
+                                      "metrics": ob.metrics, "info": ob.info}, default=str))
 
     async def end(self, body: dict) -> dict:
         previous = self.ended.get(body.get("session_id")) if isinstance(body.get("session_id"), str) else None

@@ -143,6 +143,8 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
         if not isinstance(ob, Observation):
             raise EpisodeFailure("task_error", f"obs() must return an Observation, got {type(ob).__name__}")
         state.turns[-1].reward = ob.turn_reward
+        if ob.info:
+            state.turns[-1].info = dict(ob.info)
         for k, v in ob.metrics.items():
             state.metrics[k] = v
 

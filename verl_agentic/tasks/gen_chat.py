@@ -138,7 +138,8 @@ async def gen_chat_obs(state: EpisodeState, out: Any) -> Observation:
     except EnvServiceError as e:
         raise _failure(e) from None
     return Observation(messages=answer["messages"], done=answer["done"], turn_reward=answer["turn_reward"],
-                       metrics={k: v for k, v in answer["metrics"].items() if isinstance(v, (int, float))})
+                       metrics={k: v for k, v in answer["metrics"].items() if isinstance(v, (int, float))},
+                       info=answer.get("info") or {})
 
 
 async def gen_chat_end(state: EpisodeState) -> EpisodeResult:

@@ -306,7 +306,7 @@ async def swedev_obs(state: EpisodeState, out: GenOutput) -> Observation:
     if task.session.fatal is not None:
         raise EpisodeFailure("tool_error", _sandbox_failure(task, "the sandbox failed during a tool call"))
     if turn.has_calls:
-        return Observation(messages=turn.messages)
+        return Observation(messages=turn.messages, info=turn.info())
     return Observation(done=True)
 
 

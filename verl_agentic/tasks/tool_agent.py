@@ -113,7 +113,7 @@ async def tool_agent_obs(state: EpisodeState, out: GenOutput) -> Observation:
     task: ToolAgentState = state.task
     turn = await task.runner.run_turn(state.last_assistant_text)
     if turn.has_calls:
-        return Observation(messages=turn.messages)
+        return Observation(messages=turn.messages, info=turn.info())
     if task.interaction is None:
         return Observation(done=True)
     terminate, response, score, _meta = await task.interaction.generate_response(

@@ -41,6 +41,16 @@ class TurnResult:
     def has_calls(self) -> bool:
         return bool(self.calls) or bool(self.parse_errors)
 
+    def info(self) -> dict[str, Any]:
+        """This turn's tool facts for ``Observation.info``: each run call's name and status
+        (``ok`` | ``error`` | ``timeout``) and the count of unparseable calls; empty without calls."""
+        out: dict[str, Any] = {}
+        if self.calls:
+            out["tool_calls"] = [{"name": c.name, "status": r.status} for c, r in zip(self.calls, self.results)]
+        if self.parse_errors:
+            out["parse_errors"] = len(self.parse_errors)
+        return out
+
 
 class ToolRunner:
     def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,

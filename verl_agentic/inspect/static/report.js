@@ -365,7 +365,12 @@
         var t = kt[1], s = "turn " + kt[0] + ": " + t.role + " [" + t.start + "," + t.end + ")";
         if (t.finish_reason) s += " finish=" + t.finish_reason;
         if (t.reward !== undefined && t.reward !== null) s += " reward=" + fmt(t.reward);
-        box.appendChild(el("br")); box.appendChild(el("span", { cls: "turnmark", text: s }));
+        var bad = false, info = t.info || {};
+        if (info.tool_calls) {
+          s += " tools: " + info.tool_calls.map(function (c) { if (c.status !== "ok") bad = true; return c.name + "=" + c.status; }).join(", ");
+        }
+        if (info.parse_errors) { bad = true; s += " unparsed calls=" + info.parse_errors; }
+        box.appendChild(el("br")); box.appendChild(el("span", { cls: "turnmark" + (bad ? " turnerr" : ""), text: s }));
       });
       var mk = det.mask.charAt(p) === "1", cls = mk ? "m1" : "m0";
       var title = "#" + p + " id=" + id + " mask=" + (mk ? 1 : 0) + " logprob=" + (lp[p] === null || lp[p] === undefined ? "-" : lp[p]);
