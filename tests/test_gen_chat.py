@@ -153,8 +153,8 @@ async def test_environment_faults_are_typed_episode_errors_and_nothing_is_lost(t
     by_uid = {t["uid"]: t for t in trajs}
     assert [t["uid"] for t in trajs] == uids
     err = {uid: (t["error"] or {}).get("type") for uid, t in by_uid.items()}
-    assert err == {"ok": None, "flaky": None, "step500": "task_error", "stepgarbage": "task_error",
-                   "stephang": "timeout", "end500": "end_error", "start500": "task_error"}
+    assert err == {"ok": None, "flaky": None, "step500": "env_error", "stepgarbage": "env_error",
+                   "stephang": "timeout", "end500": "end_error", "start500": "env_error"}
     assert "[service_unavailable] environment service" in by_uid["step500"]["error"]["message"]
     assert "(after 2 attempts)" in by_uid["step500"]["error"]["message"]
     assert "[bad_response]" in by_uid["stepgarbage"]["error"]["message"]

@@ -30,6 +30,7 @@ ERROR_TYPES = (
     "task_error",  # a task function (start / obs / gen) raised
     "end_error",  # the task's end() raised; the trajectory is kept
     "generation_error",  # the backend raised
+    "env_error",  # a remote environment service gave no usable answer (unreachable, 5xx, garbage, lost session)
     "context_overflow",  # the prompt or the next observation does not fit max_total_tokens
     "template_error",  # the chat template could not render the conversation
     "tool_error",

@@ -26,8 +26,8 @@ Config (``task.gen_chat.*``):
 Failures are typed episode errors, and the episode keeps what it generated: an environment that
 does not answer in time is a ``timeout``; a task that raised on the service keeps its type
 (``task_error``, ...); everything else (unreachable after the retries, 5xx, garbage, a lost
-session) is a ``task_error`` whose message names the kind and the call, e.g.
-``[service_unavailable] environment service http://host:8100/step: ... (after 4 attempts)``.
+session, a request the service refused) is an ``env_error`` whose message names the kind and the
+call, e.g. ``[service_unavailable] environment service http://host:8100/step: ... (after 4 attempts)``.
 ``env_requests``, ``env_retries`` and ``env_errors`` are in each episode's metrics.
 
 Rows: any task's rows with ``task_type: gen_chat`` and ``extra_info.env_task``; convert a
@@ -99,7 +99,7 @@ def _failure(e: EnvServiceError) -> EpisodeFailure:
     """A typed episode error for a failed service call (see the module docstring)."""
     if e.type in ERROR_TYPES:
         return EpisodeFailure(e.type, e.message)
-    return EpisodeFailure("task_error", f"[{e.type}] {e.message}")
+    return EpisodeFailure("env_error", f"[{e.type}] {e.message}")
 
 
 def _env_task(row: dict, cfg: GenChatConfig) -> str:
