@@ -15,7 +15,7 @@ from verl_agentic.interfaces import (
     EpisodeState,
     Observation,
 )
-from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
+from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift, write_jsonl
 from verl_agentic.tasks import TASKS, TaskSpec, register_task
 
 from va_testing import GSM8K_TEST
@@ -33,8 +33,14 @@ def _obs_feedback(state, out):
         raise RuntimeError("boom")
     if state.row.get("fail_typed"):
         raise EpisodeFailure("tool_error", "the tool broke")
+    info = {}
+    if state.row.get("info") == "odd":  # values json cannot write as they are: kept as their str
+        info = {"when": Path("/tmp/x"), "turn": state.num_turns, "tags": ("a", "b")}
+    elif state.row.get("info") == "circular":
+        info = {"self": None}
+        info["self"] = info
     return Observation(messages=[{"role": "user", "content": f"Feedback {state.num_turns}: try again."}],
-                       turn_reward=float(state.num_turns))
+                       turn_reward=float(state.num_turns), info=info)
 
 
 def _end(state):
@@ -206,6 +212,18 @@ def test_failing_obs_marks_only_that_episode(tiny_backend):
     assert trajs["typed"]["error"] == {"type": "tool_error", "message": "the tool broke"}
     assert trajs["endfail"]["error"]["type"] == "end_error"
     assert sorted(ENDED) == sorted(rows_uid["uid"] for rows_uid in rows)  # end ran for every episode
+
+
+def test_turn_info_is_stored_as_json_and_a_broken_one_fails_only_its_episode(tiny_backend, tmp_path):
+    rows = [_row("plain"), _row("odd", info="odd"), _row("circular", info="circular")]
+    trajs = {t["uid"]: t for t in _rollout(tiny_backend).run_sync(rows)}
+    assert all("info" not in x for x in trajs["plain"]["turns"])  # no info: no key
+    odd = [x["info"] for x in trajs["odd"]["turns"] if x["role"] == "assistant"]
+    assert odd == [{"when": "/tmp/x", "turn": k, "tags": ["a", "b"]} for k in (1, 2, 3)]
+    bad = trajs["circular"]
+    assert bad["error"]["type"] == "task_error" and "not JSON-serialisable" in bad["error"]["message"]
+    assert bad["num_turns"] == 1 and trajs["plain"]["error"] is None and trajs["odd"]["error"] is None
+    assert write_jsonl(tmp_path / "t.jsonl", trajs.values()) == 3  # the dump never breaks
 
 
 def test_prompt_longer_than_max_total_tokens(tiny_backend):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -144,7 +145,7 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
             raise EpisodeFailure("task_error", f"obs() must return an Observation, got {type(ob).__name__}")
         state.turns[-1].reward = ob.turn_reward
         if ob.info:
-            state.turns[-1].info = dict(ob.info)
+            state.turns[-1].info = _json_safe(ob.info)
         for k, v in ob.metrics.items():
             state.metrics[k] = v
 
@@ -171,6 +172,17 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
             )
             return
         _append_injected(state, ob.messages, delta, delta_ids)
+
+
+def _json_safe(info: Any) -> dict:
+    """``Observation.info`` as plain JSON (unknown objects become their ``str``), so one task's odd
+    value cannot break the trajectory dump; a dict that cannot be written at all fails this episode."""
+    if not isinstance(info, dict):
+        raise EpisodeFailure("task_error", f"Observation.info must be a dict, got {type(info).__name__}")
+    try:
+        return json.loads(json.dumps(info, default=str))
+    except (TypeError, ValueError) as e:  # circular references, non-string keys that json rejects
+        raise EpisodeFailure("task_error", f"Observation.info is not JSON-serialisable: {e}") from None
 
 
 def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], template: ChatTemplate) -> bool:
