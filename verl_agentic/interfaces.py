@@ -222,3 +222,12 @@ class EpisodeFailure(Exception):
 
 class ConfigError(ValueError):
     """Bad user input (config, dataset, task name): raised before any work starts."""
+
+
+def check_keys(d: Any, known: Any, section: str) -> None:
+    """Raise ``ConfigError`` naming the keys of config section ``section`` that are not ``known``,
+    with the known ones listed in the order given."""
+    known = list(known)
+    unknown = set(d) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown {section} keys {sorted(unknown)}; known: {known}")

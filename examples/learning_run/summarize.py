@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from verl_agentic.inspect.runs import read_json_lines
+from verl_agentic.interfaces import ConfigError
+
 # Keys summarised per seed: the reward and what shows the multi-turn path at work.
 KEYS = (
     "reward/mean",
@@ -40,17 +43,13 @@ def read_metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise InputError(f"{run}: no metrics.jsonl (is this a main_ppo output.dir?)")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{i}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("reward/mean"), (int, float)):
+    try:
+        rows = read_json_lines(path, "a step's metrics")
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row.get("reward/mean"), (int, float)):
             raise InputError(f"{path}:{i}: no numeric 'reward/mean'")
-        rows.append(row)
     if len(rows) < 2:
         raise InputError(f"{path}: {len(rows)} step(s); need at least 2 to compare first and last steps")
     return rows

@@ -155,6 +155,21 @@ class EnvService:
             raise ServiceError(504, "timeout", f"{name} ran past the service's hook timeout of "
                                                f"{self.hook_timeout_s} s") from None
 
+    async def _hook(self, name: str, counter: str, fn: Any, returns: type, *args: Any) -> Any:
+        """Run the task's ``name`` hook and check the type it returns. Any failure (a raise, a
+        wrong type, the hook timeout) is counted in ``counts[counter]`` and raised as the
+        ``ServiceError`` the client gets."""
+        try:
+            value = await self._call(fn, *args)
+            if not isinstance(value, returns):
+                raise TypeError(f"{name}() must return an {returns.__name__}, got {type(value).__name__}")
+            return value
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self.counts[counter] += 1
+            raise _task_failure(name, e) from None
+
     def _config(self, task_type: str, spec: Any, requested: Any) -> dict:
         if requested is not None and not isinstance(requested, dict):
             raise ServiceError(400, "bad_request", f"'task_config' must be an object, got {type(requested).__name__}")
@@ -206,14 +221,7 @@ class EnvService:
 
     async def _start(self, session_id: str, task_type: str, spec: Any, row: dict, ctx: RolloutContext) -> dict:
         try:
-            state = await self._call(spec.start, row, ctx)
-            if not isinstance(state, EpisodeState):
-                raise TypeError(f"start() must return an EpisodeState, got {type(state).__name__}")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            self.counts["start_errors"] += 1
-            raise _task_failure("start", e) from None
+            state = await self._hook("start", "start_errors", spec.start, EpisodeState, row, ctx)
         finally:
             self._starting.pop(session_id, None)
         answer = json.loads(json.dumps({"session_id": session_id, "messages": state.messages, "tools": state.tools},
@@ -270,14 +278,10 @@ class EnvService:
         state.messages.append({"role": "assistant", "content": text})
         state.num_turns = turn
         try:
-            ob = await self._call(s.spec.obs, state, GenOutput([], None, text, str(finish_reason)))
-            if not isinstance(ob, Observation):
-                raise TypeError(f"obs() must return an Observation, got {type(ob).__name__}")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            self.counts["step_errors"] += 1
-            return _task_failure("obs", e)
+            ob = await self._hook("obs", "step_errors", s.spec.obs, Observation, state,
+                                  GenOutput([], None, text, str(finish_reason)))
+        except ServiceError as e:
+            return e
         messages = copy.deepcopy(list(ob.messages))
         ids = [tc.get("id") for tc in message.get("tool_calls") or [] if isinstance(tc, dict)]
         tool_msgs = [m for m in messages if m.get("role") == "tool"]
@@ -314,14 +318,9 @@ class EnvService:
 
     async def _end(self, s: _Session) -> Any:
         try:
-            result = await self._call(s.spec.end, s.state)
-            if not isinstance(result, EpisodeResult):
-                raise TypeError(f"end() must return an EpisodeResult, got {type(result).__name__}")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            self.counts["end_errors"] += 1
-            return _task_failure("end", e)
+            result = await self._hook("end", "end_errors", s.spec.end, EpisodeResult, s.state)
+        except ServiceError as e:
+            return e
         self.counts["sessions_ended"] += 1
         return json.loads(json.dumps({"reward": float(result.reward), "metrics": result.metrics}, default=str))
 

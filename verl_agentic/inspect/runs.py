@@ -52,7 +52,9 @@ class Run:
         return sorted(seen)
 
 
-def _read_lines(path: Path, what: str) -> list[dict]:
+def read_json_lines(path: Path, what: str) -> list[dict]:
+    """The JSON objects of a .jsonl file (blank lines skipped); ``ConfigError`` names the line that is
+    not JSON or not an object (``what`` says what each line should be)."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -69,7 +71,7 @@ def _read_lines(path: Path, what: str) -> list[dict]:
 
 
 def _read_episodes(path: Path, step: Optional[int] = None) -> list[dict]:
-    rows = _read_lines(path, "an episode")
+    rows = read_json_lines(path, "an episode")
     for n, t in enumerate(rows, 1):
         missing = [k for k in REQUIRED_FIELDS if k not in t]
         if missing:
@@ -116,7 +118,7 @@ def load_run(output_dir: str | Path) -> Run:
     config = _read_config(d, summary)
     metrics_path, rollouts_dir = d / "metrics.jsonl", d / "rollouts"
     if metrics_path.exists() or rollouts_dir.is_dir():
-        steps = _read_lines(metrics_path, "a step's metrics") if metrics_path.exists() else []
+        steps = read_json_lines(metrics_path, "a step's metrics") if metrics_path.exists() else []
         for n, row in enumerate(steps, 1):
             if not isinstance(row.get("step"), int):
                 raise ConfigError(f"{metrics_path}:{n}: needs an integer 'step', got {row.get('step')!r}")

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import ConfigError, check_keys
 from verl_agentic.registry import Registry
 
 # Why a sample has no score. Counted per type in ``RewardManager.stats()``.
@@ -205,9 +205,7 @@ class RewardConfig:
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "RewardConfig":
         d = dict(d or {})
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown reward keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        check_keys(d, sorted(cls.__dataclass_fields__), "reward")
         cfg = cls(**d)
         cfg.validate()
         return cfg

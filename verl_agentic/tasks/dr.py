@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
-from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, RolloutContext
+from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, RolloutContext, check_keys
 from verl_agentic.tasks.registry import TaskSpec, register_task
 from verl_agentic.tasks.tool_agent import ToolAgentConfig, tool_agent_end, tool_agent_obs, tool_agent_start
 from verl_agentic.tools.search import BUILD_COMMAND
@@ -58,10 +58,7 @@ class DrConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrConfig":
-        known = [f.name for f in fields(cls)]
-        unknown = set(d) - set(known)
-        if unknown:
-            raise ConfigError(f"unknown task.dr keys {sorted(unknown)}; known: {known}")
+        check_keys(d, [f.name for f in fields(cls)], "task.dr")
         cfg = cls(**d)
         if bool(cfg.index) == bool(cfg.url):
             raise ConfigError(f"task.dr needs exactly one of 'index' (a search index; build one with: {BUILD_HINT}) "

@@ -54,6 +54,7 @@ from verl_agentic.interfaces import (
     EpisodeState,
     Observation,
     RolloutContext,
+    check_keys,
 )
 from verl_agentic.rollout.chat_loop import openai_chat_agent_loop
 from verl_agentic.tasks.registry import TaskSpec, register_task
@@ -71,10 +72,7 @@ class GenChatConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GenChatConfig":
-        known = [f.name for f in fields(cls)]
-        unknown = set(d) - set(known)
-        if unknown:
-            raise ConfigError(f"unknown task.gen_chat keys {sorted(unknown)}; known: {known}")
+        check_keys(d, [f.name for f in fields(cls)], "task.gen_chat")
         cfg = cls(**d)
         if not isinstance(cfg.url, str) or not re.match(r"^https?://[^/]+", cfg.url):
             raise ConfigError("task.gen_chat.url must be the http://host:port of an environment service "

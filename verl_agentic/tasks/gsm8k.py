@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
-from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, GenOutput, Observation, RolloutContext
+from verl_agentic.interfaces import (
+    ConfigError,
+    EpisodeResult,
+    EpisodeState,
+    GenOutput,
+    Observation,
+    RolloutContext,
+    check_keys,
+)
 from verl_agentic.tasks.registry import TaskSpec, register_task
 from verl_agentic.tasks.tool_agent import (
     ToolAgentConfig,
@@ -139,9 +147,7 @@ class Gsm8kConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "Gsm8kConfig":
         own = set(cls.__dataclass_fields__) - {"agent"}
-        unknown = set(d) - own - set(ToolAgentConfig.KEYS)
-        if unknown:
-            raise ConfigError(f"unknown task.gsm8k keys {sorted(unknown)}; known: {sorted(own | set(ToolAgentConfig.KEYS))}")
+        check_keys(d, sorted(own | set(ToolAgentConfig.KEYS)), "task.gsm8k")
         agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
         if agent.get("tools") is not None or agent.get("interaction") is not None:
             agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now

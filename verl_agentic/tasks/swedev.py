@@ -66,6 +66,7 @@ from verl_agentic.interfaces import (
     GenOutput,
     Observation,
     RolloutContext,
+    check_keys,
 )
 from verl_agentic.reward.scorers.swedev import INSTANCE_KEY, SUBMISSION_KEY
 from verl_agentic.sandbox.client import SandboxClient, SandboxError
@@ -210,10 +211,7 @@ class SwedevConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SwedevConfig":
-        names = list(cls.__dataclass_fields__)
-        unknown = set(d) - set(names)
-        if unknown:
-            raise ConfigError(f"unknown task.swedev keys {sorted(unknown)}; known: {names}")
+        check_keys(d, cls.__dataclass_fields__, "task.swedev")
         cfg = cls(**{k: v for k, v in d.items() if v is not None or k in ("call_timeout_s", "parse_feedback")})
         if not cfg.url:
             raise ConfigError("task.swedev.url is required: the http://host:port of a sandbox service (start one "

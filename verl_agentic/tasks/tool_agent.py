@@ -33,7 +33,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, GenOutput, Observation, RolloutContext
+from verl_agentic.interfaces import (
+    EpisodeResult,
+    EpisodeState,
+    GenOutput,
+    Observation,
+    RolloutContext,
+    check_keys,
+)
 from verl_agentic.tasks.registry import TaskSpec, register_task
 
 
@@ -50,9 +57,7 @@ class ToolAgentConfig:
 
     @classmethod
     def from_dict(cls, d: dict, section: str = "task.tool_agent") -> "ToolAgentConfig":
-        unknown = set(d) - set(cls.KEYS)
-        if unknown:
-            raise ConfigError(f"unknown {section} keys {sorted(unknown)}; known: {sorted(cls.KEYS)}")
+        check_keys(d, sorted(cls.KEYS), section)
         cfg = cls(**d)
         _components(cfg.key())  # load (and cache) tools, parser and interactions: config errors surface now
         return cfg
