@@ -1,34 +1,64 @@
 #!/usr/bin/env bash
-# Multi-turn GSM8K with feedback, trained with GRPO inside verl's distributed trainer (GPUs).
+# Multi-turn GSM8K with feedback, trained with GRPO by verl's own trainer (python -m verl.trainer.main_ppo),
+# on GPUs (default) or on this machine's CPU (DEVICE=cpu).
 #
 #   scripts/run_gsm8k_multiturn.sh [extra hydra overrides...]
 #   MODEL_PATH=Qwen/Qwen2.5-1.5B-Instruct N_GPUS=4 scripts/run_gsm8k_multiturn.sh trainer.total_epochs=1
+#   DEVICE=cpu scripts/run_gsm8k_multiturn.sh trainer.total_training_steps=2 data.train_batch_size=4
 #   scripts/run_gsm8k_multiturn.sh --print-overrides     # print the overrides, one per line, and exit
 #
-# verl's own main_ppo runs the training; verl_agentic plugs in through the `verl.plugins` entry
-# point (loaded by `import verl`): the `task_agent` agent loop runs our gsm8k task (answer,
-# feedback, revised answer) with verl's vLLM servers, and the `agentic_naive` reward manager
-# scores the last answer. The same experiment on one CPU machine: scripts/run_gsm8k_multiturn_cpu.sh.
+# verl_agentic plugs in through the `verl.plugins` entry point (loaded by `import verl`): the
+# `task_agent` agent loop runs our gsm8k task (answer, feedback, revised answer) with verl's rollout
+# servers, and the `agentic_naive` reward manager scores the last answer.
+#
+# DEVICE=gpu (default): vLLM rollout servers, FSDP training, a 0.5B Qwen model, 128 prompts x 4 a step.
+# DEVICE=cpu: the same trainer, task, feedback, reward and algorithm, on the CPU: VERL_PLATFORM=cpu
+#   switches on verl_agentic's CPU mode (verl_agentic/verl_plugin/cpu: a CPU platform for verl, FSDP2
+#   with gloo, and the `hf` rollout, which generates with our HF backend and receives the new weights
+#   every step); the embedded SmolLM2-135M-Instruct; 4 prompts x 2 a step, 64-token turns, 10 steps,
+#   validation on 8 test problems. Everything else below is shared. On 2 cores a step takes ~30-60 s.
+#   Everything a CPU run writes goes to OUT: checkpoints/ (resume by running again with the same OUT),
+#   metrics.jsonl (verl's file logger; a run's earlier one is kept as metrics.<time>.jsonl), rollouts/ and
+#   rollouts_val/ (our trajectories: token ids, masks, logprobs; `python -m verl_agentic.inspect $OUT`),
+#   verl's own text dump (<step>.jsonl) and weight_pushes.jsonl (each weight update the rollout received).
 #
 # Environment (defaults in brackets):
-#   MODEL_PATH  [Qwen/Qwen2.5-0.5B-Instruct]  HF id or local folder; Qwen/Qwen2.5-1.5B-Instruct also fits
-#               one 80 GB GPU with these settings (raise N_GPUS and TP for larger models)
-#   N_GPUS [1]  NNODES [1]  TP [1] (vLLM tensor parallel size per replica)
+#   DEVICE      [gpu]   gpu | cpu
+#   MODEL_PATH  [gpu: Qwen/Qwen2.5-0.5B-Instruct; cpu: the embedded model]  HF id or local folder
+#   N_GPUS [1]  NNODES [1]  TP [1] (vLLM tensor parallel size per replica; GPU only)
 #   DATA_DIR    [outputs/data/gsm8k]  where the preprocessed parquet files go (made once)
+#   OUT         [cpu: outputs/verl-gsm8k-cpu]  the CPU run's folder (see above)
 #   LOGGER      ['["console"]']    e.g. '["console","wandb"]'
-#   PYTHON      [python]
+#   PYTHON      [.venv/bin/python if present, else python]
 # Extra arguments are appended to the overrides (later ones win), e.g. trainer.total_training_steps=50.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python}"
-MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}"
-N_GPUS="${N_GPUS:-1}"
-NNODES="${NNODES:-1}"
-TP="${TP:-1}"
+if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"; elif [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python; fi
+DEVICE="${DEVICE:-gpu}"
 DATA_DIR="${DATA_DIR:-$ROOT/outputs/data/gsm8k}"
-LOGGER="${LOGGER:-[\"console\"]}"
-EXPERIMENT="gsm8k_multiturn_$(basename "$MODEL_PATH")"
+OUT="${OUT:-$ROOT/outputs/verl-gsm8k-cpu}"
+if [[ "$DEVICE" == cpu ]]; then LOGGER="${LOGGER:-[\"console\",\"file\"]}"; else LOGGER="${LOGGER:-[\"console\"]}"; fi
+PRINT_ONLY=false
+[[ "${1:-}" == "--print-overrides" ]] && PRINT_ONLY=true
 
+case "$DEVICE" in
+  gpu|cuda)
+    MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}" ;;
+  cpu)
+    if [[ -z "${MODEL_PATH:-}" ]]; then
+      if $PRINT_ONLY; then MODEL_PATH="<embedded>"; else MODEL_PATH="$("$PY" -m verl_agentic.models.embedded | tail -n 1)"; fi
+    elif ! $PRINT_ONLY && [[ ! -f "$MODEL_PATH/config.json" ]]; then
+      echo "run_gsm8k_multiturn.sh: DEVICE=cpu needs MODEL_PATH to be a local Hugging Face folder (with config.json);" \
+           "'$MODEL_PATH' is not one (no model hub here). Leave MODEL_PATH unset for the embedded SmolLM2." >&2
+      exit 2
+    fi ;;
+  *)
+    echo "run_gsm8k_multiturn.sh: DEVICE must be gpu or cpu, got '$DEVICE'" >&2
+    exit 2 ;;
+esac
+EXPERIMENT="gsm8k_multiturn_${DEVICE}_$(basename "$MODEL_PATH")"
+
+# --- shared by both devices: task, feedback, reward, algorithm, data layout
 OVERRIDES=(
   # --- algorithm: GRPO (advantage = reward normalised within the rollout.n samples of a prompt)
   algorithm.adv_estimator=grpo
@@ -37,48 +67,31 @@ OVERRIDES=(
   # --- data: parquet written by our preprocessor (verl's RLHFDataset layout, plus task_type=gsm8k)
   "data.train_files=$DATA_DIR/train.parquet"
   "data.val_files=$DATA_DIR/test.parquet"
-  data.train_batch_size=128                      # prompts per step (x rollout.n episodes)
-  data.max_prompt_length=512                     # = rollout.prompt_length: GSM8K prompts are < 300 tokens
-  data.max_response_length=1024                  # = rollout.response_length: ALL turns of an episode,
-                                                 #   generated and injected tokens (the loop keeps within it)
   data.filter_overlong_prompts=true              # drop prompts longer than max_prompt_length up front
   data.truncation=error                          # never cut a prompt silently
   data.return_raw_chat=true                      # the agent loop needs the chat messages (raw_prompt)
 
   # --- policy model and its optimisation (FSDP)
   "actor_rollout_ref.model.path=$MODEL_PATH"
-  actor_rollout_ref.model.use_remove_padding=true          # pack sequences: no compute on padding
-  actor_rollout_ref.model.enable_gradient_checkpointing=true
-  actor_rollout_ref.actor.optim.lr=1e-6
-  actor_rollout_ref.actor.ppo_mini_batch_size=64           # prompts per optimizer step (2 steps per batch)
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16  # sequences per forward/backward
   actor_rollout_ref.actor.use_kl_loss=true                 # KL to the reference policy, in the loss
   actor_rollout_ref.actor.kl_loss_coef=0.001
   actor_rollout_ref.actor.kl_loss_type=low_var_kl
   actor_rollout_ref.actor.entropy_coeff=0
   actor_rollout_ref.actor.loss_agg_mode=token-mean         # loss over tokens with response_mask 1 only
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32
 
-  # --- rollout: vLLM servers, driven token-in/token-out by our agent loop
-  actor_rollout_ref.rollout.name=vllm
+  # --- rollout: driven token-in/token-out by our agent loop
   actor_rollout_ref.rollout.mode=async                     # server mode: what agent loops talk to
-  "actor_rollout_ref.rollout.tensor_model_parallel_size=$TP"
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.5     # vLLM's share; the rest is for FSDP training
-  actor_rollout_ref.rollout.n=4                            # episodes per prompt (the GRPO group)
   actor_rollout_ref.rollout.temperature=1.0                # sampling in training; validation is greedy (val_kwargs)
-  actor_rollout_ref.rollout.calculate_log_probs=true       # keep vLLM's token logprobs (rollout vs trainer gap)
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+  actor_rollout_ref.rollout.calculate_log_probs=true       # keep the rollout's token logprobs (rollout vs trainer gap)
   actor_rollout_ref.rollout.multi_turn.enable=true         # marks batches as multi-turn (verl passes it on)
   actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3  # assistant turns per episode (our max_turns)
   actor_rollout_ref.rollout.agent.default_agent_loop=task_agent  # every row runs through verl_agentic
-  actor_rollout_ref.rollout.agent.num_workers=8            # agent-loop worker actors (CPU), episodes are async
 
   # --- verl_agentic's task_agent loop (+ because these keys are new to verl's config)
   +agentic.task_type=gsm8k                       # task of rows without a task_type (ours all have gsm8k)
   +agentic.task.gsm8k.feedback=verify            # wrong answer -> "Are you sure? ..." and another turn
                                                  #   (none | retry | verify | always_verify)
   +agentic.task.gsm8k.extraction=flexible        # the task's per-turn check: "#### N", else the last number
-  +agentic.max_new_tokens=384                    # tokens per assistant turn (the response budget caps the rest)
 
   # --- reward: verl_agentic's naive manager (registered scorer gsm8k by data_source openai/gsm8k)
   reward.reward_manager.name=agentic_naive       # scores the LAST assistant turn (not the feedback text)
@@ -89,16 +102,77 @@ OVERRIDES=(
   "trainer.logger=$LOGGER"
   trainer.project_name=verl_agentic
   "trainer.experiment_name=$EXPERIMENT"
-  "trainer.n_gpus_per_node=$N_GPUS"
-  "trainer.nnodes=$NNODES"
   trainer.critic_warmup=0                        # GRPO has no critic
   trainer.val_before_train=true                  # a baseline accuracy before the first update
-  trainer.test_freq=10                           # validate every 10 steps
-  trainer.save_freq=50                           # checkpoint every 50 steps
-  trainer.total_epochs=2
 )
 
-if [[ "${1:-}" == "--print-overrides" ]]; then
+if [[ "$DEVICE" == cpu ]]; then
+  OVERRIDES+=(
+    # --- CPU mode (VERL_PLATFORM=cpu, exported below): verl's CPU platform and the hf rollout
+    trainer.device=cpu
+    trainer.n_gpus_per_node=1                    # one training process (FSDP2 over gloo)
+    trainer.nnodes=1
+    +ray_kwargs.ray_init.num_gpus=1              # verl's resource pools count GPUs: one logical GPU
+    ray_kwargs.ray_init.num_cpus=16              # logical CPUs for verl's many small actors (not cores)
+    transfer_queue.backend.SimpleStorage.num_data_storage_units=2  # more storage actors hang on 2 cores
+    actor_rollout_ref.rollout.name=hf            # verl_agentic's HF-backend rollout (verl_plugin/cpu/hf_rollout.py)
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    actor_rollout_ref.actor.strategy=fsdp2       # FSDP1's sync_module_states needs a GPU
+    actor_rollout_ref.ref.strategy=fsdp2
+    +actor_rollout_ref.model.override_config.attn_implementation=sdpa  # not flash_attention_2
+    actor_rollout_ref.model.use_remove_padding=false         # packing needs flash-attn kernels
+    actor_rollout_ref.model.enable_gradient_checkpointing=false
+    # compute in fp32: without bf16 instructions (avx512_bf16/AMX) torch's CPU bf16 matmul is a slow
+    # reference kernel (a training step took >10 min in bf16 on 2 cores)
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
+    data.train_batch_size=4                      # prompts per step (x rollout.n episodes)
+    data.max_prompt_length=256                   # = rollout.prompt_length: GSM8K prompts are <= 240 tokens here
+    data.val_max_samples=8                       # validation: 8 test problems, greedy
+    data.dataloader_num_workers=0
+    data.max_response_length=320                 # ALL turns of an episode, generated and injected tokens
+    +agentic.max_new_tokens=64                   # tokens per assistant turn
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=4            # prompts per optimizer step
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+    actor_rollout_ref.rollout.n=2                            # episodes per prompt (the GRPO group)
+    actor_rollout_ref.rollout.agent.num_workers=1
+    trainer.total_training_steps=10
+    "trainer.default_local_dir=$OUT/checkpoints"
+    "trainer.rollout_data_dir=$OUT"
+    trainer.test_freq=5
+    trainer.save_freq=5
+  )
+else
+  OVERRIDES+=(
+    data.train_batch_size=128                    # prompts per step (x rollout.n episodes)
+    data.max_prompt_length=512                   # = rollout.prompt_length: GSM8K prompts are < 300 tokens
+    data.max_response_length=1024                # ALL turns of an episode, generated and injected tokens
+                                                 #   (the loop keeps within it)
+    +agentic.max_new_tokens=384                  # tokens per assistant turn (the response budget caps the rest)
+    actor_rollout_ref.model.use_remove_padding=true          # pack sequences: no compute on padding
+    actor_rollout_ref.model.enable_gradient_checkpointing=true
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=64           # prompts per optimizer step (2 steps per batch)
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16  # sequences per forward/backward
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32
+    actor_rollout_ref.rollout.name=vllm
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=${TP:-1}"
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5     # vLLM's share; the rest is for FSDP training
+    actor_rollout_ref.rollout.n=4                            # episodes per prompt (the GRPO group)
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+    actor_rollout_ref.rollout.agent.num_workers=8            # agent-loop worker actors (CPU), episodes are async
+    "trainer.n_gpus_per_node=${N_GPUS:-1}"
+    "trainer.nnodes=${NNODES:-1}"
+    trainer.test_freq=10                         # validate every 10 steps
+    trainer.save_freq=50                         # checkpoint every 50 steps
+    trainer.total_epochs=2
+  )
+fi
+
+if $PRINT_ONLY; then
   printf '%s\n' "${OVERRIDES[@]}"
   exit 0
 fi
@@ -111,4 +185,13 @@ for split in train test; do
   fi
 done
 
+if [[ "$DEVICE" == cpu ]]; then
+  export VERL_PLATFORM=cpu                       # verl_agentic's CPU mode, in the driver and every Ray worker
+  export TORCH_COMPILE_DISABLE=1                 # no compiler toolchain needed on the CPU
+  mkdir -p "$OUT"
+  # verl's file logger truncates its file: keep an earlier run's metrics (e.g. before a resume)
+  [[ -s "$OUT/metrics.jsonl" ]] && mv "$OUT/metrics.jsonl" "$OUT/metrics.$(date +%Y%m%d-%H%M%S).jsonl"
+  export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT/metrics.jsonl}"
+  export VERL_AGENTIC_HF_ROLLOUT_LOG="${VERL_AGENTIC_HF_ROLLOUT_LOG:-$OUT/weight_pushes.jsonl}"
+fi
 exec "$PY" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "$@"

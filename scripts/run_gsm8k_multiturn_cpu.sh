@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Multi-turn GSM8K GRPO on one CPU machine with the single-machine trainer (verl_agentic.main_ppo).
-# The same experiment as scripts/run_gsm8k_multiturn.sh (verl's trainer on GPUs): same task, same
-# feedback, same reward, same algorithm keys. Only the model, the batch sizes and the backend differ.
+# Multi-turn GSM8K GRPO on one CPU machine with verl_agentic's single-machine trainer
+# (python -m verl_agentic.main_ppo: one process, no Ray, the policy generates with the very weights it
+# trains). For verl's own trainer on the CPU use `DEVICE=cpu scripts/run_gsm8k_multiturn.sh` instead.
+#
+# Not the same experiment as scripts/run_gsm8k_multiturn.sh: the task is the same (gsm8k), the rest
+# differs on purpose, for a 135M model on 2 cores:
+#   feedback   retry (verl script: verify)       answer rule  strict "#### N" + 0.2 format score (verl: flexible)
+#   turns      2 x 96 tokens (verl: 3 x 384/64)  batch        4 prompts x 8 samples (verl: 128 x 4 / 4 x 2)
+#   KL         none (verl: low_var_kl 0.001)     lr           2e-5 (verl: 1e-6)
+#   reward     our naive manager (verl: agentic_naive, the same scorer through verl's reward loop)
 #
 #   bash scripts/run_gsm8k_multiturn_cpu.sh                      # embedded SmolLM2-135M-Instruct
 #   MODEL_PATH=/path/to/hf_folder bash scripts/run_gsm8k_multiturn_cpu.sh trainer.total_steps=100

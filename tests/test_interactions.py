@@ -78,3 +78,19 @@ def test_yaml_file_and_custom_class(tmp_path):
     assert asyncio.run(it.generate_response(iid, conv("hi")))[1] == "echo: hi"
     with pytest.raises(ConfigError, match="does not exist"):
         load_interactions(str(tmp_path / "missing.yaml"))
+
+
+def test_unknown_config_keys_of_an_interaction_are_errors():
+    """Built-in interactions declare the keys they read: a misspelt key is a ConfigError naming it (it
+    used to be ignored); a class that declares none (e.g. ported from verl) still takes any key."""
+    with pytest.raises(ConfigError, match=r"interaction 'verify' \(CodeVerifyInteraction\) config keys \['max_round'\]"):
+        load_interactions([{"name": "verify", "class_name": "code_verify", "config": {"max_round": 3}}])
+    with pytest.raises(ConfigError, match=r"\['retry_msg'\]; known: \['name', 'method', 'retry_message'\]"):
+        load_interactions([{"class_name": "gsm8k", "config": {"retry_msg": "again"}}])
+    ok = load_interactions([{"name": "verify", "class_name": "code_verify", "config": {"max_rounds": 3}}])
+    assert ok.select({"name": "verify"})[1].config["max_rounds"] == 3
+
+    class Ported(BaseInteraction):
+        pass
+
+    assert Ported({"anything": 1, "name": "p"}).config["anything"] == 1

@@ -35,6 +35,7 @@ from verl_agentic.verl_plugin.agent_loop import TaskAgentError, TaskAgentLoop, T
 from verl_agentic.verl_plugin.backend import BackendLLMClient, from_verl_sampling, to_verl_sampling
 from verl_agentic.verl_plugin.convert import (
     AGENTIC_FIELD,
+    EPISODE_METRICS,
     RESPONSE_MASK_FIELD,
     to_agent_loop_output,
     trajectories_from_batch,
@@ -261,8 +262,13 @@ def test_the_trainer_can_use_the_batch_and_our_reward_manager_scores_it(tiny_run
     results = reward_scores(cfg, worker.tokenizer, out)
     trajs = trajectories_from_batch(out)
     for result, traj in zip(results, trajs):
-        assert set(result["reward_extra_info"]) >= {"acc", "reward_failed", "reward_error_type"}
-        assert result["reward_extra_info"]["reward_failed"] == 0
+        info = result["reward_extra_info"]
+        assert set(info) >= {"acc", "reward_failed", "reward_error_type"}
+        assert info["reward_failed"] == 0
+        # the episode's own metrics ride along for verl's per-data-source validation metrics
+        assert info["turns"] == traj["num_turns"] and info["task_reward"] == traj["reward"]
+        assert info["final_correct"] == traj["metrics"].get("final_correct", 0.0)
+        assert info["flips_wrong_to_right"] == traj["metrics"].get("flips_wrong_to_right", 0.0)
         # the manager scores the last answer with the task's own rule: the same score
         assert result["reward_score"] == traj["reward"]
 
@@ -279,7 +285,7 @@ def test_streaming_reward_path(tiny_qwen_dir, gsm8k_parquet):
     worker = make_worker(cfg, tiny_qwen_dir, reward_loop_worker_handles=[InProcessActor(reward_worker)])
     out = generate(worker, dataset_batch(worker, cfg, gsm8k_parquet, rows=2, n=1))
     check_batch_layout(out, cfg, 2)
-    assert out.meta_info["reward_extra_keys"] == ["acc", "reward_failed", "reward_error_type", "pred"]
+    assert out.meta_info["reward_extra_keys"] == ["acc", "reward_failed", "reward_error_type", *EPISODE_METRICS, "pred"]
     width = out.batch["prompts"].shape[1]
     last = out.batch["attention_mask"][:, width:].sum(dim=1) - 1
     trajs = trajectories_from_batch(out)
@@ -393,6 +399,19 @@ def test_response_budget_is_exact_and_long_prompts_fail_their_episode(tiny_qwen_
     assert agentic["error"]["type"] == "context_overflow"
     assert "actor_rollout_ref.rollout.prompt_length=48" in agentic["error"]["message"]
     assert int(out.batch["attention_mask"][0, :48].sum()) == 48 and int(out.batch["attention_mask"][0, 48:].sum()) == 0
+
+
+@pytest.mark.parametrize("max_user_turns, most_turns", [(0, 1), (1, 2)])
+def test_verls_max_user_turns_is_honoured(tiny_qwen_dir, gsm8k_parquet, max_user_turns, most_turns):
+    """verl's rollout.multi_turn.max_user_turns bounds the feedback turns: with feedback after every
+    answer and 3 assistant turns allowed, 0 user turns means one answer, 1 means two."""
+    cfg = agent_config(tiny_qwen_dir, "+agentic.task.gsm8k.feedback=always_verify", "+agentic.max_turns=3",
+                       "+agentic.max_new_tokens=8", f"actor_rollout_ref.rollout.multi_turn.max_user_turns={max_user_turns}",
+                       response_length=128)
+    worker = make_worker(cfg, tiny_qwen_dir)
+    trajs = trajectories_from_batch(generate(worker, dataset_batch(worker, cfg, gsm8k_parquet, rows=2, n=2)))
+    assert [t["num_turns"] for t in trajs] == [most_turns] * 4
+    assert all(sum(m["role"] == "user" for m in t["messages"]) == 1 + max_user_turns for t in trajs)
 
 
 def test_truncation_guard_cuts_ids_masks_logprobs_and_turns_together(tiny_run):

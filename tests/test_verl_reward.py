@@ -33,6 +33,7 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward import RewardConfig, RewardItem, make_reward_manager
 from verl_agentic.tasks.gsm8k import ground_truth_from_solution
+from verl_agentic.verl_plugin.convert import EPISODE_METRICS
 from verl_agentic.verl_plugin.reward import (
     AgenticNaiveRewardManager,
     AgenticPrimeRewardManager,
@@ -286,7 +287,7 @@ def test_scores_match_our_naive_manager_and_score_the_last_assistant_turn(name, 
     assert naive_scores([s.whole for s in samples], samples)[4] == 1.0
 
     info = gather_like_verl(outputs)
-    assert set(info) == {"acc", "reward_failed", "reward_error_type", "pred"}
+    assert set(info) == {"acc", "reward_failed", "reward_error_type", "pred", *EPISODE_METRICS}
     assert info["acc"].tolist() == expected
     assert info["reward_failed"].tolist() == [0] * 5
     assert info["reward_error_type"].tolist() == [""] * 5
@@ -329,6 +330,26 @@ def test_all_assistant_mode_and_mask_from_tool_extra_fields(qwen25_tokenizer, sa
     assert item.extra_info == {"index": 4, "turn_scores": [0.5], "num_turns": 4}  # bulky fields left out
     json.dumps(item.extra_info)  # plain JSON types (numpy converted): safe for the reward server
     assert [o["reward_score"] for o in run_all(last, streamed)] == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_the_episodes_own_extra_info_reaches_the_scorer_and_its_metrics_the_result(qwen25_tokenizer, samples):
+    """A task_agent episode's extra_info (the row's plus what the task added, e.g. a swedev submission)
+    overrides the dataset's for the scorer; the bulky agentic field itself is not sent; the episode's
+    metrics come back in reward_extra_info."""
+    manager = load_reward_manager(verl_config("reward.reward_manager.name=agentic_naive"), qwen25_tokenizer)
+    data = make_batch(qwen25_tokenizer, samples[:1])
+    agentic = {"extra_info": {"index": 0, "swedev_submission": {"files": {"a.py": "x = 1\n"}}},
+               "num_assistant_turns": 3, "reward": 1.0, "error": None, "messages": [{"role": "user"}] * 50,
+               "metrics": {"first_correct": 0.0, "final_correct": 1.0, "flips_wrong_to_right": 1.0},
+               "turns": [{"role": "assistant", "info": {"tool_calls": [{"name": "python", "status": "ok"},
+                                                                      {"name": "python", "status": "timeout"}]}}]}
+    data.non_tensor_batch["tool_extra_fields"] = np.array([{"agentic": agentic}], dtype=object)
+    item = manager.build_item(data)
+    assert item.extra_info == {"index": 0, "swedev_submission": {"files": {"a.py": "x = 1\n"}}}
+    info = run_all(manager, data)[0]["reward_extra_info"]
+    assert {k: info[k] for k in EPISODE_METRICS} == {
+        "turns": 3.0, "task_reward": 1.0, "first_correct": 0.0, "final_correct": 1.0, "flips_wrong_to_right": 1.0,
+        "flips_right_to_wrong": 0.0, "tool_calls": 2.0, "tool_ok": 1.0, "episode_error": 0.0}
 
 
 def test_manager_is_shared_per_configuration(qwen25_tokenizer):
@@ -378,7 +399,7 @@ def test_through_verl_reward_loop_worker(qwen25_tokenizer, samples, expected):
     last_token = data.batch["attention_mask"][:, PROMPT_LEN:].sum(dim=1) - 1
     assert rm_scores.sum(dim=1).tolist() == expected
     assert rm_scores[torch.arange(5), last_token].tolist() == expected
-    assert set(gather_like_verl(outputs)) == {"acc", "reward_failed", "reward_error_type"}
+    assert set(gather_like_verl(outputs)) == {"acc", "reward_failed", "reward_error_type", *EPISODE_METRICS}
 
 
 def test_through_verl_reward_loop_manager_in_ray(qwen25_tokenizer, samples, expected):
@@ -397,7 +418,7 @@ def test_through_verl_reward_loop_manager_in_ray(qwen25_tokenizer, samples, expe
     finally:
         ray.shutdown()
     assert out.batch["rm_scores"].sum(dim=1).tolist() == expected
-    assert out.meta_info["reward_extra_keys"] == ["acc", "reward_failed", "reward_error_type"]
+    assert out.meta_info["reward_extra_keys"] == ["acc", "reward_failed", "reward_error_type", *EPISODE_METRICS]
     assert out.non_tensor_batch["reward_failed"].tolist() == [0] * 5
     assert out.non_tensor_batch["acc"].tolist() == expected
 
@@ -421,7 +442,10 @@ def test_scorer_failures_become_flags_in_extra_info(name, qwen25_tokenizer, samp
     assert info["reward_failed"].tolist() == [0, 1, 1, 0, 1]
     assert info["reward_error_type"].tolist() == ["", "scorer_error", "invalid_score", "", "invalid_score"]
     assert info["acc"].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
-    assert all(set(o["reward_extra_info"]) == {"acc", "reward_failed", "reward_error_type"} for o in outputs)
+    # the fixed keys plus the episode metrics (all 0.0 here: these samples did not come from task_agent)
+    assert all(set(o["reward_extra_info"]) == {"acc", "reward_failed", "reward_error_type", *EPISODE_METRICS}
+               for o in outputs)
+    assert all(o["reward_extra_info"][k] == 0.0 for o in outputs for k in EPISODE_METRICS)
 
     penalised = load_reward_manager(verl_config(*base, "+reward.agentic.failure_policy=penalty",
                                                 "+reward.agentic.penalty=-0.5"), qwen25_tokenizer)
@@ -438,7 +462,8 @@ def test_prime_timeout_is_flagged(qwen25_tokenizer, samples):
     outputs = run_all(manager, make_batch(qwen25_tokenizer, hang))
     assert time.monotonic() - t0 < 20
     assert [o["reward_score"] for o in outputs] == [0.0, 1.0]
-    assert outputs[0]["reward_extra_info"] == {"acc": 0.0, "reward_failed": 1, "reward_error_type": "timeout"}
+    assert outputs[0]["reward_extra_info"] == {"acc": 0.0, "reward_failed": 1, "reward_error_type": "timeout",
+                                               **dict.fromkeys(EPISODE_METRICS, 0.0)}
 
 
 # --------------------------------------------------------------------------------------------

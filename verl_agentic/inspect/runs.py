@@ -8,7 +8,9 @@ Two layouts are accepted:
   ``"step"`` plus keys like ``reward/mean``, ``accuracy/mean``, ``actor/logprob_gap_mean``) and
   ``rollouts/step_000001.jsonl`` ... (the episodes of each step: trajectory lines plus ``"step"`` and
   optionally ``"trainer_logprobs"``, aligned with ``response_ids``, null where the mask is 0). Either
-  part may be missing. The config comes from ``summary.json``, ``config.json`` or ``config.yaml``.
+  part may be missing. verl's trainer with our ``task_agent`` loop writes the same layout into
+  ``trainer.rollout_data_dir`` (``rollouts/``; verl's file logger gives ``metrics.jsonl`` as
+  ``{"step": N, "data": {...}}`` lines, read the same way). The config comes from ``summary.json``, ``config.json`` or ``config.yaml``.
 
 Malformed files raise ``ConfigError`` naming the file, the line and the field.
 """
@@ -119,6 +121,8 @@ def load_run(output_dir: str | Path) -> Run:
     metrics_path, rollouts_dir = d / "metrics.jsonl", d / "rollouts"
     if metrics_path.exists() or rollouts_dir.is_dir():
         steps = read_json_lines(metrics_path, "a step's metrics") if metrics_path.exists() else []
+        # verl's file logger (trainer.logger=[...,"file"]) writes {"step": N, "data": {metric: value}}
+        steps = [{**row["data"], "step": row["step"]} if isinstance(row.get("data"), dict) else row for row in steps]
         for n, row in enumerate(steps, 1):
             if not isinstance(row.get("step"), int):
                 raise ConfigError(f"{metrics_path}:{n}: needs an integer 'step', got {row.get('step')!r}")

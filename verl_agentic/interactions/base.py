@@ -18,11 +18,20 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
+from verl_agentic.interfaces import check_keys
+
 
 class BaseInteraction:
+    # The config keys a subclass reads (``name`` is always allowed): when declared, any other key is a
+    # ``ConfigError`` naming it, like every other config section. ``None`` (classes ported from verl
+    # that do not declare theirs) skips the check.
+    CONFIG_KEYS: Optional[tuple[str, ...]] = None
+
     def __init__(self, config: Optional[dict] = None):
         self.config = dict(config or {})
         self.name: str = self.config.get("name") or type(self).__name__
+        if self.CONFIG_KEYS is not None:
+            check_keys(self.config, ("name", *self.CONFIG_KEYS), f"interaction {self.name!r} ({type(self).__name__}) config")
         self._instance_dict: dict[str, dict] = {}
 
     async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:

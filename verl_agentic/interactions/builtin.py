@@ -36,6 +36,8 @@ class _Gsm8kScoring(BaseInteraction):
 class Gsm8kInteraction(_Gsm8kScoring):
     """Right answer -> terminate; wrong -> ``retry_message`` (default: reflect and try again)."""
 
+    CONFIG_KEYS = ("method", "retry_message")
+
     async def generate_response(self, instance_id, messages, **kwargs):
         reward = self._judge(instance_id, messages)
         if reward == 1.0:
@@ -50,6 +52,8 @@ class CodeVerifyInteraction(_Gsm8kScoring):
     interaction) and answer again. After ``max_rounds`` answers (default 2) it closes with
     ``terminate_message``. The score is the latest answer's gsm8k correctness when the episode
     has a ``ground_truth``."""
+
+    CONFIG_KEYS = ("method", "feedback_message", "terminate_message", "max_rounds")
 
     async def generate_response(self, instance_id, messages, **kwargs):
         reward = self._judge(instance_id, messages)

@@ -14,8 +14,16 @@ every Ray worker) and swallows their errors at debug level; set
 this one. If the names are missing, ``python -c "import verl_agentic.verl_plugin"`` shows the
 real import error.
 
+With ``VERL_PLATFORM=cpu`` it also switches verl's trainer to the CPU (``verl_plugin/cpu``:
+the platform, FSDP engines for "cpu", two patches and the ``hf`` rollout); otherwise that code
+is not even imported.
+
 Keep this module small: it runs in every process that imports verl.
 """
 
 from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
 from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)
+from verl_agentic.verl_plugin import cpu as _cpu
+
+if _cpu.cpu_mode_requested():
+    _cpu.activate()

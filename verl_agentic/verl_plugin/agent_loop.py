@@ -23,7 +23,9 @@ the command line, deep-merged)::
   ``extraction``, ``tools``, ``interaction``, ``parser``). Checked by the task's
   ``check_config`` once per process.
 - ``max_turns``: assistant turns per episode (default: verl's
-  ``rollout.multi_turn.max_assistant_turns``, else 3).
+  ``rollout.multi_turn.max_assistant_turns``, else 3). verl's ``rollout.multi_turn.max_user_turns``
+  (when set) bounds the user turns (feedback, interaction replies; tool results are not user
+  turns): an observation that would add one more ends the episode instead, unsent.
 - ``max_new_tokens``: tokens per assistant turn (default: ``rollout.response_length``).
 - ``episode_timeout_s``: wall-clock limit of an episode (typed ``timeout`` error; default none).
 - ``raise_on_errors``: episode error types that fail the sample instead of training on what it
@@ -44,6 +46,12 @@ Sampling: verl's sampling dict (temperature, top-p, top-k, ``logprobs`` =
 the model's EOS ids are sent as ``stop_token_ids``. Chat template kwargs are verl's
 ``data.apply_chat_template_kwargs`` (the dataset uses them to filter long prompts, too).
 
+Trajectory dump: with ``trainer.rollout_data_dir`` set, every episode is also appended, in our dump
+schema (token ids as generated, ``response_mask``, logprobs, turns, messages), to
+``<rollout_data_dir>/rollouts/step_NNNNNN.jsonl`` (validation: ``rollouts_val/``, under
+``trainer.validation_data_dir`` when set), so ``python -m verl_agentic.inspect <rollout_data_dir>``
+reads a verl run (see ``TaskAgentLoop._dump``).
+
 verl's own tools (``rollout.multi_turn.tool_config_path``) are not used by ``task_agent``: give
 tools to the task (``+agentic.task.gsm8k.tools=<tools YAML or names>``); a warning says so once.
 """
@@ -54,6 +62,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -210,8 +219,11 @@ class _EpisodeHooks:
     is exact before the first turn. ``obs``: its wall time is verl's ``tool_calls`` metric.
     """
 
-    def __init__(self, spec: Any, template: Any, limits: Any, prompt_length: int, response_length: int):
+    def __init__(self, spec: Any, template: Any, limits: Any, prompt_length: int, response_length: int,
+                 max_user_turns: Optional[int] = None):
         self.spec = spec
+        self.max_user_turns = max_user_turns
+        self.user_turns = 0
         self.template = template
         self.limits = limits
         self.prompt_length = prompt_length
@@ -238,9 +250,15 @@ class _EpisodeHooks:
 
         t0 = time.perf_counter()
         try:
-            return await maybe_await(self.spec.obs(state, out))
+            ob = await maybe_await(self.spec.obs(state, out))
         finally:
             self.obs_s += time.perf_counter() - t0
+        # verl's rollout.multi_turn.max_user_turns: feedback (user) turns beyond it end the episode
+        if self.max_user_turns is not None and not ob.done and any(m.get("role") == "user" for m in ob.messages):
+            if self.user_turns >= self.max_user_turns:
+                return dataclasses.replace(ob, messages=[], done=True)
+            self.user_turns += 1
+        return ob
 
 
 @register("task_agent")
@@ -323,13 +341,17 @@ class TaskAgentLoop(AgentLoopBase):
         )
         limits = LoopLimits(int(max_turns), self.prompt_length + self.response_length, self.settings.episode_timeout_s)
         template = ChatTemplate(self.tokenizer, plain(self.apply_chat_template_kwargs) or {})
-        hooks = _EpisodeHooks(spec, template, limits, self.prompt_length, self.response_length)
+        max_user_turns = multi_turn.get("max_user_turns")
+        hooks = _EpisodeHooks(spec, template, limits, self.prompt_length, self.response_length,
+                              None if max_user_turns is None else int(max_user_turns))
         task = dataclasses.replace(spec, start=hooks.start, obs=hooks.obs)
 
         state, result = await spec.loop(task, row, ctx, backend, sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id)
         self._check_errors(traj, hooks, kwargs)
+
+        self._dump(traj, backend, sampling_params)
 
         metrics = AgentLoopMetrics(generate_sequences=backend.generate_s, tool_calls=hooks.obs_s,
                                    num_preempted=-1 if backend.num_preempted is None else backend.num_preempted)
@@ -338,6 +360,37 @@ class TaskAgentLoop(AgentLoopBase):
             logprobs_expected=bool(sampling_params.get("logprobs", False)), metrics=metrics,
             extra_fields={"min_global_steps": backend.min_global_steps, "max_global_steps": backend.max_global_steps},
         )
+
+    def _is_validation(self, sampling_params: dict) -> bool:
+        """verl does not tell an agent loop whether it runs validation; its sampling does: the
+        validation values (``rollout.val_kwargs``) where they differ from training's."""
+        val, train = self.rollout_config.get("val_kwargs") or {}, self.rollout_config
+        keys = [k for k in ("temperature", "top_p", "top_k") if k in val and val[k] != train.get(k)]
+        return bool(keys) and all(sampling_params.get(k) == val[k] for k in keys)
+
+    def _dump(self, traj: dict, backend: ServerManagerBackend, sampling_params: dict) -> None:
+        """Append the trajectory (our dump schema, the tokens as generated) to
+        ``<trainer.rollout_data_dir>/rollouts/step_NNNNNN.jsonl`` (training) or
+        ``<trainer.validation_data_dir or rollout_data_dir>/rollouts_val/step_NNNNNN.jsonl``
+        (validation), the layout ``python -m verl_agentic.inspect`` reads. The step is the policy
+        version the episode was generated with (the rollout's ``global_steps``; 0 before the first
+        update). One ``write`` per line on an append-only file: safe across agent-loop workers."""
+        trainer = self.config.get("trainer") or {}
+        validation = self._is_validation(sampling_params)
+        root = (trainer.get("validation_data_dir") or trainer.get("rollout_data_dir")) if validation \
+            else trainer.get("rollout_data_dir")
+        if not root:
+            return
+        step = backend.min_global_steps if backend.min_global_steps is not None else 0
+        folder = os.path.join(str(root), "rollouts_val" if validation else "rollouts")
+        os.makedirs(folder, exist_ok=True)
+        line = json.dumps({**traj, "step": int(step), "agent_name": self.agent_name}, ensure_ascii=False,
+                          default=str) + "\n"
+        fd = os.open(os.path.join(folder, f"step_{int(step):06d}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
 
     def _check_errors(self, traj: dict, hooks: _EpisodeHooks, kwargs: dict) -> None:
         error = traj["error"]

@@ -25,6 +25,7 @@ What goes where in ``AgentLoopOutput``:
     ``sample_id``, ``reward`` (the task's own reward), ``num_assistant_turns``,
     ``finish_reason``, ``error`` ({type, message} or None), ``metrics`` (the task's per-episode
     metrics: feedback turns, flips, tool calls, ...), ``turns``, ``messages``, ``tools`` and
+    ``extra_info`` (the episode's: the row's plus what the task added, e.g. a swedev submission) and
     ``truncated_tokens`` (response tokens cut to fit ``response_length``; 0 when the loop's
     budget kept it in, which ``ids_agent_loop`` always does);
   - ``min_global_steps`` / ``max_global_steps``: the policy versions of the first and last
@@ -111,6 +112,7 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
         "reward": traj["reward"], "num_assistant_turns": traj["num_turns"],
         "finish_reason": traj["finish_reason"], "error": traj["error"], "metrics": dict(traj["metrics"]),
         "turns": turns, "messages": traj["messages"], "tools": traj.get("tools"),
+        "extra_info": traj.get("extra_info") or {},
         "truncated_tokens": traj.get("truncated_tokens", 0),
     }
     fields = {
@@ -196,3 +198,29 @@ def plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.tolist()
     return value
+
+
+# The episode metrics every scored sample carries into verl's ``reward_extra_info`` (verl gathers
+# extra info key by key across a batch, so every sample has every key): verl logs them per data
+# source in validation (``val-aux/<data_source>/<name>/mean@N``). 0.0 where the task does not
+# report the metric (e.g. ``first_correct`` for a tool task).
+EPISODE_METRICS = ("turns", "task_reward", "first_correct", "final_correct", "flips_wrong_to_right",
+                   "flips_right_to_wrong", "tool_calls", "tool_ok", "episode_error")
+
+
+def episode_metrics(agentic: Optional[dict]) -> dict[str, float]:
+    """``EPISODE_METRICS`` of one episode from the ``agentic`` extra field ``task_agent`` records
+    (all 0.0 for a sample that did not come from ``task_agent``)."""
+    out = dict.fromkeys(EPISODE_METRICS, 0.0)
+    if not isinstance(agentic, dict):
+        return out
+    metrics = agentic.get("metrics") or {}
+    for key in ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_to_wrong"):
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    calls = [c for t in agentic.get("turns") or () for c in ((t.get("info") or {}).get("tool_calls") or ())]
+    out.update(turns=float(agentic.get("num_assistant_turns") or 0), task_reward=float(agentic.get("reward") or 0.0),
+               tool_calls=float(len(calls)), tool_ok=float(sum(c.get("status") == "ok" for c in calls)),
+               episode_error=float(agentic.get("error") is not None))
+    return out

@@ -66,12 +66,16 @@ mask tensor). Without a mask the whole valid response is scored, as verl's ``nai
 The sample's ``data_source``, ``reward_model["ground_truth"]`` and ``extra_info`` become the
 ``RewardItem`` (plus ``task_type`` if the batch has that column); ``extra_info`` also gets
 ``num_turns`` and the agent loop's ``tool_extra_fields`` (except bulky ones: raw_prompt,
-(agentic_)response_mask, reward_extra_info, teacher_*), converted to plain JSON types.
+(agentic_)response_mask, reward_extra_info, teacher_*, agentic), converted to plain JSON types,
+and then the ``task_agent`` episode's own ``extra_info`` (the row's plus what the task added during the
+episode: a swedev episode's ``swedev_submission``, so a swedev rollout is scored inside verl).
 
 Result: ``{"reward_score": float, "reward_extra_info": {...}}`` with always the same keys:
 ``acc`` (the scorer's ``acc`` extra, else its score; 0.0 for a failed sample), ``reward_failed``
 (0/1), ``reward_error_type`` (``""`` or one of ``verl_agentic.reward.REWARD_ERROR_TYPES``) and
-the ``extra_keys``. A failed sample's score follows ``failure_policy``; verl's ``rm_scores``
+the episode metrics of ``convert.EPISODE_METRICS`` (turns, task reward, first/final correct, feedback
+flips, tool calls and successes, episode error; from the ``task_agent`` loop's ``agentic`` extra
+field, 0.0 otherwise: verl logs them per data source in validation), and the ``extra_keys``. A failed sample's score follows ``failure_policy``; verl's ``rm_scores``
 tensor cannot hold "no score", so ``mask`` (the default) gives 0.0 and relies on
 ``reward_failed=1`` to tell it apart (it is averaged into verl's validation metrics as the
 failure rate; filter on it if you need to drop failed samples).
@@ -108,6 +112,7 @@ from verl.experimental.reward_loop.reward_manager.registry import register
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward.base import RewardConfig, RewardItem, RewardManager, RewardResult
+from verl_agentic.verl_plugin.convert import AGENTIC_FIELD, episode_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +120,7 @@ ADAPTER_KEYS = ("extra_keys", "batch_window_ms")
 FIXED_EXTRA_KEYS = ("acc", "reward_failed", "reward_error_type")
 # tool_extra_fields entries not copied into the scorer's extra_info (bulky, or not the scorer's business)
 _SKIP_TOOL_FIELDS = frozenset({"raw_prompt", "response_mask", "agentic_response_mask", "reward_extra_info",
-                               "teacher_ids", "teacher_logprobs"})
+                               "teacher_ids", "teacher_logprobs", "agentic"})
 
 __all__ = [
     "AgenticNaiveRewardManager", "AgenticPrimeRewardManager", "AgenticSwedevRewardManager", "AdapterSettings",
@@ -337,6 +342,14 @@ def _plain_json(value: Any) -> Any:
 # the adapter
 
 
+def _agentic_field(non_tensors: dict, tool_fields: dict) -> Any:
+    """The ``task_agent`` episode's ``agentic`` dict of one sample, or None: its own non-tensor column
+    in a post-rollout batch (verl makes every extra field a column), inside ``tool_extra_fields`` on
+    verl's streaming reward path."""
+    agentic = non_tensors.get(AGENTIC_FIELD, tool_fields.get(AGENTIC_FIELD))
+    return agentic if isinstance(agentic, dict) else None
+
+
 class _AgenticRewardManager(RewardManagerBase):
     """Base of the registered adapters; ``manager`` names our manager (naive | prime | swedev)."""
 
@@ -380,6 +393,10 @@ class _AgenticRewardManager(RewardManagerBase):
 
         extra = dict(_plain_json(nt.get("extra_info") or {}))
         extra.update({k: _plain_json(v) for k, v in tool_fields.items() if k not in _SKIP_TOOL_FIELDS})
+        # the episode's own extra_info (the row's plus what its task added, e.g. a swedev submission)
+        agentic = _agentic_field(nt, tool_fields)
+        if agentic is not None and isinstance(agentic.get("extra_info"), dict):
+            extra.update(_plain_json(agentic["extra_info"]))
         if nt.get("__num_turns__") is not None:
             extra["num_turns"] = _plain_json(nt["__num_turns__"])
         data_source = nt.get("data_source")
@@ -389,7 +406,7 @@ class _AgenticRewardManager(RewardManagerBase):
                           task_type=None if task_type is None else str(task_type), extra_info=extra)
 
     # -- result -> verl ----------------------------------------------------------------------
-    def to_verl(self, result: RewardResult) -> dict:
+    def to_verl(self, result: RewardResult, agentic: Any = None) -> dict:
         failed = result.error is not None
         score = 0.0 if result.score is None else float(result.score)
         acc = 0.0
@@ -398,6 +415,7 @@ class _AgenticRewardManager(RewardManagerBase):
             acc = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else score
         info: dict[str, Any] = {"acc": acc, "reward_failed": int(failed),
                                 "reward_error_type": result.error.type if failed else ""}
+        info.update(episode_metrics(agentic))  # the task_agent episode's turns, flips, tool calls
         for key in self.settings.extra_keys:
             info[key] = result.extra.get(key)
         if failed:
@@ -416,7 +434,9 @@ class _AgenticRewardManager(RewardManagerBase):
             batcher = self._batchers[loop] = _Batcher(self.reward_manager, self.settings.batch_window_ms / 1000.0,
                                                            self._counts)
         result = await batcher.submit(item)
-        return self.to_verl(result)
+        nt = {k: v[len(data) - 1] for k, v in data.non_tensor_batch.items()}
+        tool_fields = nt.get("tool_extra_fields")
+        return self.to_verl(result, _agentic_field(nt, tool_fields if isinstance(tool_fields, dict) else {}))
 
     def stats(self) -> dict:
         """Our manager's counters (items, ok, error/<type>, busy_s; shared by the adapters using it) plus

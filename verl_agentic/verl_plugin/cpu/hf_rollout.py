@@ -1,0 +1,228 @@
+"""The ``hf`` rollout for verl's trainer: generation from our ``HFBackend`` in a Ray actor.
+
+verl has no CPU rollout: its replicas are vLLM, SGLang and TRT-LLM servers. This module adds one
+that serves generation with ``verl_agentic.backends.hf.HFBackend`` (batched decoding of
+concurrent requests, token ids and logprobs) and receives the actor's new weights every step
+through verl's own weight-sync path. Three pieces, as verl's vLLM rollout has them::
+
+    trainer (v1)                      training worker process              rollout server actor
+    ------------                      -----------------------              --------------------
+    LLMServerManager ── HFReplica.launch_servers() ──────────────────────> HFRolloutServer
+    agent loops ── LLMServerClient.generate ─────────────────────────────> .generate -> TokenOutput
+    CheckpointEngineManager("naive")
+      -> actor_wg.update_weights ──> HFRolloutAdapter.update_weights ────> .update_weights
+         (engine_workers.py:728-823:   (a BaseRollout: full HF-named        (load_state_dict; checks
+          resume(["weights"]),          tensors from FSDP, one dict)         nothing is missing)
+          update_weights, barrier,
+          resume(["kv_cache"]))
+
+Select it with ``actor_rollout_ref.rollout.name=hf`` in CPU mode (``VERL_PLATFORM=cpu``; see
+``verl_plugin/cpu/__init__.py``). One replica per training rank (``tensor_model_parallel_size=1``);
+the server actor is named ``verl_agentic_hf_server_<replica rank>`` so the adapter in the training
+worker finds it.
+
+Every weight push is checked: the pushed names must cover the server model's state dict (tied
+weights aside) and contain nothing else, or the push fails with the names. Each push is logged
+(``logger.info``) and, when ``VERL_AGENTIC_HF_ROLLOUT_LOG`` names a file, appended to it as a JSON
+line: global step, tensors, a weight fingerprint and the largest change from the previous push,
+so a run can show that each update reached the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any, Generator, Optional
+
+import ray
+import torch
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "verl_agentic_hf_server_{rank}"
+LOG_ENV = "VERL_AGENTIC_HF_ROLLOUT_LOG"
+
+
+def weight_fingerprint(state: dict[str, torch.Tensor]) -> float:
+    """A number that changes when any weight changes: the sum over tensors of
+    ``sum(w * c)`` with a fixed pseudo-random ``c`` per position (float64)."""
+    total = 0.0
+    for name in sorted(state):
+        w = state[name].detach().reshape(-1).to(torch.float64)
+        c = torch.linspace(-1.0, 1.0, w.numel(), dtype=torch.float64).sin_()
+        total += float((w * c).sum())
+    return total
+
+
+class HFRolloutServer:
+    """A rollout server (a Ray actor): ``generate`` for verl's ``LLMServerClient``, and the control
+    calls verl makes on every replica's servers (sleep, wake_up, KV cache, abort, profiling), which
+    are no-ops for an in-process model on the host."""
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        from verl_agentic.backends.hf import HFBackend
+
+        model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.config = config
+        self.replica_rank = replica_rank
+        path = model_config.local_path
+        tokenizer = AutoTokenizer.from_pretrained(model_config.local_tokenizer_path or path,
+                                                  trust_remote_code=model_config.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                     trust_remote_code=model_config.trust_remote_code)
+        self.backend = HFBackend(model, tokenizer, max_batch_size=int(config.max_num_seqs or 64),
+                                 seed=int(getattr(config, "seed", 0) or 0) + replica_rank)
+        self.default_max_tokens = int(config.response_length)
+        self.tied = self._tied_names(model)
+        self.expected = set(model.state_dict()) - self.tied
+        self.global_steps: Optional[int] = None
+        self.last_fingerprint: Optional[float] = None
+        self.last_state: Optional[dict[str, torch.Tensor]] = None
+        self.pushes = 0
+        logger.info("hf rollout server %d: %s (%d tensors, max batch %d)", replica_rank, path,
+                    len(self.expected), self.backend.max_batch_size)
+
+    @staticmethod
+    def _tied_names(model: Any) -> set[str]:
+        """State-dict names that share storage with an earlier name (e.g. ``lm_head.weight`` tied to
+        the input embeddings): the trainer may send either."""
+        seen: dict[int, str] = {}
+        tied = set()
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            key = tensor.data_ptr()
+            if key in seen:
+                tied.add(name)
+            else:
+                seen[key] = name
+        return tied
+
+    # -- generation -------------------------------------------------------------------------
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
+        from verl_agentic.verl_plugin.backend import BackendLLMClient
+
+        client = BackendLLMClient(self.backend, self.default_max_tokens)
+        out = await client.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                    image_data=image_data, video_data=video_data, **kwargs)
+        out.extra_fields = {"global_steps": self.global_steps}
+        return out
+
+    # -- weights ----------------------------------------------------------------------------
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> dict:
+        names = set(state)
+        missing = sorted(self.expected - names)
+        unexpected = sorted(names - self.expected - self.tied)
+        if missing or unexpected:
+            raise RuntimeError(f"hf rollout server {self.replica_rank}: weight push for step {global_steps} has "
+                               f"missing tensors {missing[:10]} (of {len(missing)}) and unexpected tensors "
+                               f"{unexpected[:10]} (of {len(unexpected)})")
+        start = time.perf_counter()
+        model = self.backend.model
+        # the decode thread must not run while the weights change: run on the backend's own thread
+        await asyncio.get_running_loop().run_in_executor(
+            self.backend._executor, lambda: model.load_state_dict(state, strict=False))
+        fingerprint = weight_fingerprint({k: v for k, v in model.state_dict().items() if k in self.expected})
+        change = None
+        if self.last_state is not None:
+            change = max(float((state[k].float() - self.last_state[k].float()).abs().max()) for k in self.expected)
+        record = {"replica": self.replica_rank, "push": self.pushes, "global_steps": global_steps,
+                  "tensors": len(names), "missing": len(missing), "fingerprint": fingerprint,
+                  "max_abs_change": change, "load_s": round(time.perf_counter() - start, 3)}
+        self.last_state = {k: v.detach().clone() for k, v in state.items() if k in self.expected}
+        self.last_fingerprint = fingerprint
+        self.global_steps = global_steps
+        self.pushes += 1
+        logger.info("hf rollout server %d: weights of step %s loaded: %s", self.replica_rank, global_steps, record)
+        path = os.environ.get(LOG_ENV)
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return record
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    # -- control calls: nothing to free or pause for an in-process model -----------------------
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None: ...
+    async def sleep(self) -> None: ...
+    async def clear_kv_cache(self) -> None: ...
+    async def release_kv_cache(self) -> None: ...
+    async def resume_kv_cache(self) -> None: ...
+    async def resume_generation(self) -> None: ...
+    async def wait_for_requests_to_drain(self) -> None: ...
+    async def start_profile(self, **kwargs: Any) -> None: ...
+    async def stop_profile(self) -> None: ...
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
+        return {"aborted": 0}
+
+    def stats(self) -> dict:
+        return {**self.backend.stats(), "weight_pushes": self.pushes, "global_steps": self.global_steps}
+
+
+class HFReplica(RolloutReplica):
+    """One ``HFRolloutServer`` per replica, on the node of its training worker."""
+
+    async def launch_servers(self) -> None:
+        if self.world_size != 1:
+            raise ValueError(f"the hf rollout serves one process per replica: set "
+                             f"actor_rollout_ref.rollout.tensor_model_parallel_size=1 (world size is {self.world_size})")
+        server = ray.remote(HFRolloutServer).options(
+            name=SERVER_NAME.format(rank=self.replica_rank), max_concurrency=self.max_concurrency, num_cpus=0,
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        await server.stats.remote()  # wait until the model is loaded: errors surface here
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hf-rollout-{self.replica_rank}"
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class HFRolloutAdapter(BaseRollout):
+    """The ``BaseRollout`` verl builds inside each training worker (``engine_workers.py``): it
+    forwards the weights verl's naive checkpoint engine hands it to this replica's server."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any):
+        super().__init__(config, model_config, device_mesh)
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = 1  # tensor_model_parallel_size is 1 (HFReplica checks)
+        self.replica_rank = rank // world
+        self._server: Any = None
+
+    def _server_handle(self) -> Any:
+        if self._server is None:  # the replica starts its server after the workers: look it up on first use
+            self._server = ray.get_actor(SERVER_NAME.format(rank=self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                             wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the hf rollout takes full named tensors, not {wire_format!r}")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("the hf rollout does not take LoRA adapters (set model.lora.merge=true)")
+        state = {}
+        for name, tensor in weights:
+            if hasattr(tensor, "full_tensor"):  # a DTensor: gather it
+                tensor = tensor.full_tensor()
+            state[name] = tensor.detach().to("cpu", copy=True)
+        await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
