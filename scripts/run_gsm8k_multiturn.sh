@@ -127,7 +127,7 @@ if [[ "$DEVICE" == cpu ]]; then
     "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
     "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
     data.train_batch_size=4                      # prompts per step (x rollout.n episodes)
-    data.max_prompt_length=256                   # = rollout.prompt_length: GSM8K prompts are <= 240 tokens here
+    data.max_prompt_length=384                   # = rollout.prompt_length: GSM8K prompts <= 240 tokens, +115 with the python tool
     data.val_max_samples=8                       # validation: 8 test problems, greedy
     data.dataloader_num_workers=0
     data.max_response_length=320                 # ALL turns of an episode, generated and injected tokens

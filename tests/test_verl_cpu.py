@@ -269,12 +269,13 @@ def verl_run(tmp_path_factory):
     _write_data(data)
     first = _launch(out, data, "trainer.total_training_steps=2")
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
-    metrics_1 = _metrics(out / "metrics.jsonl")
+    latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
+    metrics_1, latest_1 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
     second = _launch(out, data, "trainer.total_training_steps=3", "trainer.resume_mode=auto",
                      "trainer.val_before_train=false",
                      "reward.reward_manager.name=prime", "+reward.agentic.num_workers=2")
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
-    metrics_2 = _metrics(out / "metrics.jsonl")
+    metrics_2, latest_2 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
     with ServiceProcess("verl_agentic.reward.server", "--workers", "1", "--timeout-s", "30", "--quiet",
                         ready="reward server listening on ", start_timeout_s=120) as server:
         third = _launch(out, data, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
@@ -286,7 +287,8 @@ def verl_run(tmp_path_factory):
             served = json.loads(r.read())["stats"]
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, first=first, second=second, third=third, metrics_1=metrics_1,
-                                 metrics_2=metrics_2, metrics_3=_metrics(out / "metrics.jsonl"), served=served)
+                                 metrics_2=metrics_2, metrics_3=_metrics(out / "metrics.jsonl"), served=served,
+                                 latest=[latest_1, latest_2, latest.read_text().strip()])
 
 
 @pytest.mark.slow
@@ -301,8 +303,7 @@ def test_verl_trains_on_cpu_steps_validation_and_checkpoints(verl_run):
     for step in (0, 2):
         assert "val-core/openai/gsm8k/acc/mean@1" in m[step]
         assert m[step]["val-aux/openai/gsm8k/turns/mean@1"] >= 1
-    assert (verl_run.out / "checkpoints" / "global_step_2").is_dir()
-    assert (verl_run.out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert (verl_run.out / "checkpoints" / "global_step_2").is_dir() and verl_run.latest[0] == "2"
 
 
 @pytest.mark.slow
@@ -335,7 +336,7 @@ def test_resume_continues_from_the_checkpoint_with_prime(verl_run):
     assert m[3]["training/global_step"] == 3 and m[3]["actor/grad_norm"] > 0
     log = verl_run.second.stdout + verl_run.second.stderr
     assert "global_step_2" in log
-    assert (verl_run.out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert verl_run.latest[1:] == ["3", "4"]
     assert "val-core/openai/gsm8k/acc/mean@1" in m[3]
 
 

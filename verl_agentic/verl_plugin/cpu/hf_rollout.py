@@ -72,6 +72,7 @@ class HFRolloutServer:
         from verl.workers.config import HFModelConfig
 
         from verl_agentic.backends.hf import HFBackend
+        from verl_agentic.verl_plugin.backend import BackendLLMClient
 
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.config = config
@@ -83,7 +84,8 @@ class HFRolloutServer:
                                                      trust_remote_code=model_config.trust_remote_code)
         self.backend = HFBackend(model, tokenizer, max_batch_size=int(config.max_num_seqs or 64),
                                  seed=int(getattr(config, "seed", 0) or 0) + replica_rank)
-        self.default_max_tokens = int(config.response_length)
+        # verl's generate signature and sampling dict -> our backend (refuses what it cannot do)
+        self.client = BackendLLMClient(self.backend, default_max_tokens=int(config.response_length))
         self.tied = self._tied_names(model)
         self.expected = set(model.state_dict()) - self.tied
         self.global_steps: Optional[int] = None
@@ -110,10 +112,7 @@ class HFRolloutServer:
     # -- generation -------------------------------------------------------------------------
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
-        from verl_agentic.verl_plugin.backend import BackendLLMClient
-
-        client = BackendLLMClient(self.backend, self.default_max_tokens)
-        out = await client.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+        out = await self.client.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                                     image_data=image_data, video_data=video_data, **kwargs)
         out.extra_fields = {"global_steps": self.global_steps}
         return out
