@@ -307,6 +307,10 @@ async def test_missing_bwrap_refuses_with_how_to_install_it_and_none_warns(monke
         assert sum("WITHOUT process isolation" in r.getMessage() for r in caplog.records) >= 2
         res = await run_python("print(1)", limits=SandboxLimits(isolation="none"))
         assert res.ok and res.isolation == "none" and tool.limits.isolation == "none"
+        # the sandbox service refuses to start (exit 2, the same message)
+        svc = subprocess.run([sys.executable, "-m", "verl_agentic.sandbox.server", "--port", "0"],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+        assert svc.returncode == 2 and "apt-get install -y bubblewrap" in svc.stderr, svc.stderr[-2000:]
     finally:
         probe.cache_clear()
     with pytest.raises(ConfigError, match="isolation must be one of"):

@@ -53,8 +53,8 @@ What is NOT contained (known limits):
 * The result's ``exit_code``: a program that calls ``sys.exit(128 + N)`` reads as killed by
   signal N (bwrap reports signals that way).
 
-``isolation: none`` (explicit only; a warning is logged at every start of a tool, service or
-scorer that uses it, and on the first run of a process): the old, weaker sandbox: rlimits, pids
+``isolation: none`` (explicit only; a warning is logged at every start of a tool or service that
+uses it, and at the first such run of a process, e.g. a scorer's): the old, weaker sandbox: rlimits, pids
 cgroup, network namespace and dropped capabilities as root, but the code runs as the caller on
 the caller's filesystem and sees its processes. Where bwrap is missing, ``isolation: bwrap``
 refuses to run (``IsolationUnavailable``, which says how to install it:
