@@ -11,6 +11,7 @@ DEMO_ARGS ?= data.max_samples=8 rollout.n=1 rollout.max_turns=3 rollout.max_new_
 .PHONY: setup demo test clean-venv
 
 setup: $(STAMP)
+	@bash scripts/setup_bwrap.sh || echo "make setup: bubblewrap is missing: the Python sandbox refuses to run (see above)" >&2
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import gzip
 import json
 import os
@@ -259,13 +260,17 @@ async def test_file_size_limit_applies_inside_and_outside_the_workdir(tmp_path):
     limits = SandboxLimits(file_size_mb=16)
     res = await run_python("open('big.bin', 'wb').write(b'\\0' * (100 * 2**20))", limits=limits)
     assert res.error_type == "file_size" and "File too large" in res.stderr
-    # the filesystem is NOT isolated: writing outside the work dir works (documented) ...
+    # isolated (the default), a path outside the work dir does not exist (tests/test_isolation.py) ...
     outside = tmp_path / "outside.txt"
     res = await run_python(f"open({str(outside)!r}, 'w').write('escaped')", limits=limits)
-    assert res.ok and outside.read_text() == "escaped"
-    # ... but only up to the file-size limit
+    assert res.error_type == "runtime_error" and "FileNotFoundError" in res.stderr and not outside.exists()
+    # ... with isolation: none the filesystem is NOT isolated: writing outside works (documented),
+    # but only up to the file-size limit
+    unisolated = dataclasses.replace(limits, isolation="none")
+    res = await run_python(f"open({str(outside)!r}, 'w').write('escaped')", limits=unisolated)
+    assert res.ok and outside.read_text() == "escaped" and res.isolation == "none"
     big = tmp_path / "big.bin"
-    res = await run_python(f"open({str(big)!r}, 'wb').write(b'\\0' * (100 * 2**20))", limits=limits)
+    res = await run_python(f"open({str(big)!r}, 'wb').write(b'\\0' * (100 * 2**20))", limits=unisolated)
     assert res.error_type == "file_size" and big.stat().st_size <= 16 * 2**20
 
 

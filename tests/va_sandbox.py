@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 
 from va_services import ServiceProcess
@@ -19,3 +21,12 @@ class SandboxServerProcess(ServiceProcess):
 async def get_json(url: str) -> dict:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         return await r.json()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process of this machine."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

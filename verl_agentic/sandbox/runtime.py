@@ -5,11 +5,12 @@ No HTTP here. The sandbox service (``server.py``) runs these on its sandboxes' w
 fresh directory built from a trajectory's submission, so the test an episode ends with and the
 test a reward manager re-runs are the same code.
 
-Commands run through the Python sandbox (``verl_agentic.tools.python_sandbox.run_python``: its
-own process group and session, rlimits, a pids cgroup as root, a private network namespace,
-dropped capabilities, a wall timeout that kills everything the command started, capped output).
-A command is a ``/bin/sh -c`` line: the sandboxed interpreter ``exec``s the shell, so the shell
-and everything it starts inherit that isolation. ``python`` on the command's ``PATH`` is this
+Commands run in the isolation engine (``verl_agentic.isolation.run_python``; by default under
+bubblewrap: own user, PID, mount and network namespaces, a read-only root of ``/usr`` and the
+interpreter, the work dir, i.e. the repository checkout, the one writable host path, at its
+host path; rlimits, a pids cgroup as root, a wall timeout that kills everything the command
+started, capped output). A command is a ``/bin/sh -c`` line: the sandboxed interpreter
+``exec``s the shell, so the shell and everything it starts inherit that isolation. ``python`` on the command's ``PATH`` is this
 interpreter (the same one the hidden tests use).
 
 Hidden tests (``HiddenTests``, a row's ``reward_model.ground_truth``)::
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from verl_agentic.tools.python_sandbox import SandboxLimits, SandboxResult, run_python, run_python_sync
+from verl_agentic.isolation import SandboxLimits, SandboxResult, run_python, run_python_sync
 
 FileSet = dict  # relative POSIX path -> text content
 

@@ -9,8 +9,9 @@ printed). Point the ``swedev`` task at it (``task.swedev.url=http://HOST:PORT``)
 its trajectories, the reward client too (``reward.manager=swedev reward.url=http://HOST:PORT``).
 
 A sandbox is a work directory built from an instance's files; commands run in it under the
-Python sandbox's isolation (``verl_agentic.sandbox.runtime``). Instance ids map to sandboxes as
-in SWE-style runtimes: creating with ``files`` registers (or updates) the instance's files,
+isolation engine (``verl_agentic.isolation``; ``--isolation bwrap``, the default, needs bubblewrap
+and the service refuses to start without it; requests cannot change it). Instance ids map to
+sandboxes as in SWE-style runtimes: creating with ``files`` registers (or updates) the instance's files,
 creating with only ``instance_id`` starts from the registered ones, and a ``key`` makes create
 idempotent (the same key returns the same live sandbox, so a retried request cannot leak one).
 One operation at a time runs per sandbox, in arrival order.
@@ -84,10 +85,11 @@ from verl_agentic.interfaces import ConfigError
 from verl_agentic.sandbox import runtime
 from verl_agentic.sandbox.runtime import Changes, FileSet, HiddenTests, PathError
 from verl_agentic.serving import run_until_signalled, serve_app
-from verl_agentic.tools.python_sandbox import SandboxLimits, sandbox_support
+from verl_agentic.isolation import ISOLATION_MODES, SandboxLimits, check_isolation, sandbox_support
 
 ROOT_PREFIX = "va_sandboxd-"
 _GONE_MEMORY = 10_000  # ids of destroyed sandboxes remembered, for precise 404 messages
+_FIXED_LIMITS = ("isolation", "readonly_paths")  # SandboxLimits a request may not change
 
 
 @dataclass
@@ -182,6 +184,8 @@ class SandboxService:
 
     # -- lifetime -------------------------------------------------------------------------------
     async def start(self) -> None:
+        # refuse to start without the isolation asked for (warn when it is turned off), off the event loop
+        await asyncio.to_thread(check_isolation, self.config.limits, "sandbox service")
         parent = Path(self.config.workdir_parent or tempfile.gettempdir())
         parent.mkdir(parents=True, exist_ok=True)
         self.stats["stale_dirs_removed"] = await asyncio.to_thread(remove_stale_roots, parent)
@@ -235,6 +239,10 @@ class SandboxService:
             return self.config.limits
         if not isinstance(overrides, dict):
             raise ServiceError(400, "bad_request", f"'limits' must be an object, got {type(overrides).__name__}")
+        for name in _FIXED_LIMITS:  # a request may tighten limits, never weaken the isolation
+            if name in overrides and overrides[name] != getattr(self.config.limits, name):
+                raise ServiceError(400, "bad_request", f"limits.{name} is set by the service "
+                                   f"({getattr(self.config.limits, name)!r}; --isolation), not by a request")
         try:
             limits = SandboxLimits.from_dict({**asdict(self.config.limits), **overrides})
         except (ConfigError, TypeError) as e:
@@ -744,6 +752,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--file-size-mb", type=int, default=d.limits.file_size_mb, help="largest file; 0 = none")
     p.add_argument("--max-concurrent-runs", type=int, default=0, help="commands at once (0 = 2 x CPUs)")
     p.add_argument("--allow-network", action="store_true", help="let a sandbox ask for limits.network=true")
+    p.add_argument("--isolation", choices=ISOLATION_MODES, default=d.limits.isolation,
+                   help="bwrap (needs bubblewrap) | none (unsafe: commands see the host's files and processes)")
     p.add_argument("--workdir-parent", default=None, help="where the work directories go (default: temp dir)")
     p.add_argument("--score-workers", type=int, default=0, help="threads scoring POST /score items")
     p.add_argument("--score-timeout-s", type=float, default=d.score_timeout_s, help="per scored item")
@@ -757,7 +767,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
 
     limits = SandboxLimits(wall_timeout_s=args.wall_timeout_s, cpu_time_s=opt(args.cpu_time_s),
                            memory_mb=opt(args.memory_mb), file_size_mb=opt(args.file_size_mb),
-                           max_processes=opt(args.max_processes))
+                           max_processes=opt(args.max_processes), isolation=args.isolation)
     return ServiceConfig(max_sandboxes=args.max_sandboxes, idle_timeout_s=args.idle_timeout_s, limits=limits,
                          max_timeout_s=args.max_timeout_s, max_concurrent_runs=args.max_concurrent_runs,
                          allow_network=args.allow_network, workdir_parent=args.workdir_parent,

@@ -20,7 +20,8 @@ from typing import Any, Optional
 from verl_agentic.sandbox.client import SandboxClient, SandboxError
 from verl_agentic.sandbox.runtime import result_from_dict
 from verl_agentic.tools.base import BaseTool, ToolResult
-from verl_agentic.tools.python_sandbox import SandboxLimits, format_sandbox_output
+from verl_agentic.isolation import SandboxLimits
+from verl_agentic.tools.python_sandbox import format_sandbox_output
 
 
 @dataclass

@@ -73,7 +73,7 @@ from verl_agentic.sandbox.client import SandboxClient, SandboxError
 from verl_agentic.sandbox.runtime import PASS_MARKER, FileSet, HiddenTests, file_list, file_set
 from verl_agentic.sandbox.tools import SANDBOX_TOOLS, SandboxSession
 from verl_agentic.tasks.registry import TaskSpec, register_task
-from verl_agentic.tools.python_sandbox import SandboxLimits
+from verl_agentic.isolation import SandboxLimits
 
 HUMANEVAL_SOURCE = "openai/openai_humaneval"
 SOLUTION_FILE = "solution.py"
