@@ -174,6 +174,13 @@ async def test_files_outside_the_work_dir_cannot_be_read_written_or_deleted(run_
     got = _outcomes(res.stdout)
     assert res.ok, res.stderr
     allowed = {"host tmp", "host shm", "work dir", "list home"}  # private tmpfs, its own dir, /root's skeleton
+    # a venv inside the repository (a fresh clone's .venv) is bound read-only there: the repository's
+    # skeleton then shows that one folder and nothing else of the repository
+    venv = Path(sys.prefix).resolve()
+    if venv.is_relative_to(REPO.resolve()):
+        allowed.add("list repo")
+        top = venv.relative_to(REPO.resolve()).parts[0]
+        assert re.search(rf"^list repo DONE \[{re.escape(repr(top))}\]", res.stdout, re.M), res.stdout
     assert {k for k, v in got.items() if v == "DONE"} == allowed, res.stdout
     assert len(got) == 16
     assert re.search(r"^list home DONE \['.pyenv'\]", res.stdout, re.M)  # only the interpreter's prefix
