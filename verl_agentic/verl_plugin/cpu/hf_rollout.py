@@ -75,7 +75,6 @@ class HFRolloutServer:
         from verl_agentic.verl_plugin.backend import BackendLLMClient
 
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
-        self.config = config
         self.replica_rank = replica_rank
         path = model_config.local_path
         tokenizer = AutoTokenizer.from_pretrained(model_config.local_tokenizer_path or path,
@@ -89,7 +88,6 @@ class HFRolloutServer:
         self.tied = self._tied_names(model)
         self.expected = set(model.state_dict()) - self.tied
         self.global_steps: Optional[int] = None
-        self.last_fingerprint: Optional[float] = None
         self.last_state: Optional[dict[str, torch.Tensor]] = None
         self.pushes = 0
         logger.info("hf rollout server %d: %s (%d tensors, max batch %d)", replica_rank, path,
@@ -113,7 +111,7 @@ class HFRolloutServer:
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
         out = await self.client.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
-                                    image_data=image_data, video_data=video_data, **kwargs)
+                                         image_data=image_data, video_data=video_data, **kwargs)
         out.extra_fields = {"global_steps": self.global_steps}
         return out
 
@@ -139,7 +137,6 @@ class HFRolloutServer:
                   "tensors": len(names), "missing": len(missing), "fingerprint": fingerprint,
                   "max_abs_change": change, "load_s": round(time.perf_counter() - start, 3)}
         self.last_state = {k: v.detach().clone() for k, v in state.items() if k in self.expected}
-        self.last_fingerprint = fingerprint
         self.global_steps = global_steps
         self.pushes += 1
         logger.info("hf rollout server %d: weights of step %s loaded: %s", self.replica_rank, global_steps, record)
