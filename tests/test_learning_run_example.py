@@ -100,3 +100,23 @@ def test_committed_evidence_matches_its_metrics():
         assert all(r.get("episode/errors", 0) == 0 for r in rows)
     assert summary["all_passed"] is True
     assert (EXAMPLE / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_committed_verl_run_is_what_its_metrics_say():
+    """examples/learning_run_verl: summary.json is recomputed from the committed per-step rows and verl's
+    logged metrics (the same summariser as ours), and the rows agree with verl's own numbers."""
+    verl_dir = ROOT / "examples" / "learning_run_verl"
+    summary = json.loads((verl_dir / "summary.json").read_text())
+    for seed, recorded in summary["verl"].items():
+        rows = [json.loads(line) for line in (verl_dir / "metrics" / f"seed{seed}.jsonl").open()]
+        logged = [json.loads(line) for line in (verl_dir / "metrics" / f"seed{seed}.verl.jsonl").open()]
+        assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == recorded["steps"]
+        by_step = {r["step"]: r for r in logged}
+        for r in rows:  # each row's reward is verl's critic/score/mean of that step
+            assert r["reward/mean"] == by_step[r["step"]]["critic/score/mean"]
+            assert r["episodes"] == 32  # 4 prompts x n=8, every episode dumped
+        again = summarize.summarize_run(rows)
+        for key in ("reward/mean", "accuracy/first_turn", "turns/mean"):
+            assert again[key] == pytest.approx(recorded[key]), key
+        assert again["train_minutes"] == pytest.approx(recorded["train_minutes"])
+    assert (verl_dir / "reward_curve.png").stat().st_size > 10_000

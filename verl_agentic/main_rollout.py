@@ -71,11 +71,11 @@ def make_backend(cfg: DictConfig) -> Any:
             retry_backoff_s=o["retry_backoff_s"], tool_choice=o["tool_choice"],
             chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs) or {},
             api_key=os.environ[o["api_key_env"]] if o["api_key_env"] else None)
-    from verl_agentic.backends.hf import HFBackend
+    from verl_agentic.backends.hf import HFBackend, hf_options
 
     path = resolve_model_path(cfg.model.path)
-    return HFBackend.from_pretrained(str(path), dtype=cfg.model.dtype,
-                                     max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
+    return HFBackend.from_pretrained(str(path), dtype=cfg.model.dtype, max_batch_size=cfg.rollout.max_batch_size,
+                                     seed=cfg.seed, **hf_options(cfg.rollout.get("hf")))
 
 
 def reward_manager(cfg: DictConfig):

@@ -1,37 +1,69 @@
-"""In-process Hugging Face transformers generation that batches concurrent requests.
+"""In-process Hugging Face transformers generation: continuous batching over a KV cache kept across turns.
 
-Many episodes call :meth:`HFBackend.generate` concurrently. Their requests go on a queue; one
-worker task takes whatever is pending (up to ``max_batch_size``) and decodes it as a single
-left-padded batch in a worker thread, so the event loop stays free while the model runs.
-Each request is answered as soon as its own row finishes; requests that arrive meanwhile
-form the next batch.
+Many episodes call :meth:`HFBackend.generate` concurrently. One engine thread serves them all:
+
+    loop:
+        take new requests; admit them while slots and the KV budget allow (else they wait)
+            a request that continues a slot's tokens (the next turn of a conversation) takes that
+            slot and prefills only the new tokens; any other gets a free slot, copying the longest
+            prefix another slot already computed (GRPO siblings share their prompt)
+        prefill one chunk of the admitted requests   (at most prefill_chunk_tokens while others decode)
+        decode one token for every running request   (one forward pass, the running rows are slots 0..R-1)
+        a finished or cancelled request leaves at once; its slot stays cached (idle) for its next turn
+        until the KV budget needs the room: then the least recently used idle slot is dropped
+
+So an episode waiting for a tool or feedback holds no place in the decode batch, a new turn does not
+wait for the slowest row, and a turn re-reads the conversation's keys/values instead of recomputing
+them. The cache layout is :mod:`verl_agentic.backends.kv_slots`; sampling is
+:mod:`verl_agentic.backends.sampling`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
+import contextlib
 import inspect
 import os
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    DynamicCache,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from verl_agentic.backends.attention import use_grouped_attention
 from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
-from verl_agentic.interfaces import GenOutput, SamplingParams
+from verl_agentic.backends.kv_slots import SlotKVCache
+from verl_agentic.backends.packed_linear import PackedLinears, packed_linear_supported
+from verl_agentic.backends.sampling import filter_logits, sample_rows
+from verl_agentic.interfaces import GenOutput, SamplingParams, check_keys
+
+__all__ = ["HFBackend", "filter_logits", "hf_options"]
+
+# The engine settings a config may set (``rollout.hf``), as HFBackend keyword arguments.
+OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear")
+
+
+def hf_options(section: Any) -> dict[str, Any]:
+    """The ``rollout.hf`` config section as keyword arguments of :class:`HFBackend` (None: none).
+
+    Raises:
+        ConfigError: a key that is not one of ``OPTION_KEYS``.
+    """
+    if section is None:
+        return {}
+    options = dict(OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section)
+    check_keys(options, OPTION_KEYS, "rollout.hf")
+    return options
+
+# A prefix shorter than this is recomputed rather than copied from another slot.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass
@@ -41,20 +73,28 @@ class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: asyncio.Future[GenOutput]
-    # Set on the event loop when the caller stops waiting; the decode thread then drops the row.
+    loop: asyncio.AbstractEventLoop
+    # Set on the event loop when the caller stops waiting; the engine then drops the row.
     cancelled: bool = False
 
 
 @dataclass
 class _Row:
-    """The decode state of one request inside a batch."""
+    """The decode state of one admitted request."""
 
     request: _Request
     stop_ids: frozenset[int]
     generator: torch.Generator | None  # None for greedy rows
+    slot: int = -1
+    pending: list[int] = field(default_factory=list)  # prompt tokens not yet in the slot
+    started: bool = False  # a chunk of its prompt has been prefilled
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""  # "stop" or "length" once finished
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason) or self.request.cancelled
 
     def append(self, token_id: int, logprob: float) -> None:
         """Record a generated token and mark the row finished on a stop id or at its budget."""
@@ -66,60 +106,62 @@ class _Row:
             self.finish_reason = "length"
 
 
-def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set to -inf the entries of a 1-D logits row outside its top-k and its top-p nucleus.
-
-    ``top_k <= 0`` and ``top_p >= 1`` disable the respective filter. The nucleus is the
-    smallest set of most likely tokens whose probability reaches ``top_p``.
-    """
-    if 0 < top_k < logits.numel():
-        kth_largest = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the first stays).
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        drop = torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id lists (binary search over C-level slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class HFBackend(GenerationBackend):
-    """Generates with an in-process ``transformers`` causal LM, batching concurrent requests.
+    """Generates with an in-process ``transformers`` causal LM: continuous batching, KV kept across turns.
 
-    Each request keeps its own :class:`SamplingParams` inside a batch: temperature 0 is
-    greedy, otherwise the logits are divided by the temperature, filtered by top-k and top-p
-    and sampled with the row's own ``torch.Generator``. That generator is seeded with the
-    request's ``seed`` when it has one (so its tokens do not depend on what it is batched
-    with), else with a number drawn from the backend's generator seeded by ``seed`` (so a
-    run is reproducible given the same order of requests).
+    Each request keeps its own :class:`SamplingParams` inside a batch: temperature 0 is greedy,
+    otherwise the logits are divided by the temperature, filtered by top-k and top-p and sampled
+    (Gumbel-max) with the row's own ``torch.Generator``. That generator is seeded with the request's
+    ``seed`` when it has one (so its tokens do not depend on what it is batched with), else with a
+    number drawn from the backend's generator seeded by ``seed`` (so a run is reproducible given the
+    same order of requests).
 
-    The logprob returned for each token is ``log_softmax(logits / temperature)`` at that token
-    (raw logits when greedy), computed *before* top-k / top-p filtering: it is the quantity a
-    trainer recomputes from the same model at the same temperature.
+    The logprob returned for each token is ``log_softmax(logits / temperature)`` at that token (raw
+    logits when greedy), computed *before* top-k / top-p filtering: it is the quantity a trainer
+    recomputes from the same model at the same temperature.
 
-    A row finishes on one of its stop ids (the backend's :attr:`stop_token_ids` plus the
-    request's ``stop_token_ids``), which is kept in its output, or at its own
-    ``max_new_tokens``. A finished request is answered at once; finished rows, and rows
-    whose caller was cancelled, are dropped from the batch and its KV cache, so the others
-    go on at the size of what is left.
+    A row finishes on one of its stop ids (the backend's :attr:`stop_token_ids` plus the request's
+    ``stop_token_ids``), which is kept in its output, or at its own ``max_new_tokens``. It is answered
+    at once and leaves the decode batch; a cancelled caller's row leaves it too and its cache is freed.
 
-    The backend serves one event loop at a time: the worker task binds to the loop of the
-    first ``generate`` call and rebinds when called from a new loop after that one ended.
+    KV reuse is automatic: a request whose prompt starts with the tokens a cached slot holds (the
+    previous turn's prompt and answer) prefills only the rest. Results equal a full re-prefill within
+    float tolerance (the same attention over the same keys, computed in another order).
 
     Args:
         model: a causal LM (``PreTrainedModel``); moved to ``device`` and set to eval mode.
         tokenizer: its tokenizer (used for the pad id and to decode ``GenOutput.text``).
-        max_batch_size: the most requests decoded together.
-        batch_wait_ms: how long the worker waits for more requests after the first one of
-            a batch arrives (requests issued in the same event-loop tick always join).
+        max_batch_size: the most requests being prefilled or decoded at once; more wait their turn.
+        batch_wait_ms: how long an idle engine waits after a first request for others to join its
+            first prefill (requests issued in the same event-loop tick always join).
         seed: seeds the generator of requests that carry no seed of their own.
         device: where the model runs.
-        grouped_attention: switch an ``sdpa`` model with grouped KV heads to the copy-free
-            grouped attention of :mod:`verl_agentic.backends.attention` (same results, ~3x
-            faster decode steps on long padded batches). This changes the model object, which
-            the backend shares with its caller.
+        grouped_attention: switch an ``sdpa`` model with grouped KV heads to the copy-free grouped
+            attention of :mod:`verl_agentic.backends.attention` (same results, faster decode steps).
+            This changes the model object, which the backend shares with its caller.
+        kv_cache_gb: the KV cache budget (all slots, cached idle conversations included). A request
+            that does not fit waits for running ones to finish; one that could never fit is refused.
+        prefill_chunk_tokens: the most (padded) prompt tokens prefilled between two decode steps
+            while other requests are decoding, so they keep moving.
+        num_threads: torch's intra-op threads (process-wide); None leaves torch's setting. Lower it
+            when the rollout shares the cores with a trainer or a reward pool.
+        packed_linear: on CPU in fp32, run the linear layers through oneDNN with weights packed once
+            (:mod:`verl_agentic.backends.packed_linear`; repacked when the weights change). It costs
+            a second copy of the linear weights; turned off where the ops are missing or disagree.
     """
 
     def __init__(
@@ -132,9 +174,17 @@ class HFBackend(GenerationBackend):
         seed: int = 0,
         device: str | torch.device = "cpu",
         grouped_attention: bool = True,
+        kv_cache_gb: float = 4.0,
+        prefill_chunk_tokens: int = 256,
+        num_threads: int | None = None,
+        packed_linear: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         # sdpa + grouped KV heads: attend without copying the KV cache (see backends/attention.py)
@@ -142,6 +192,8 @@ class HFBackend(GenerationBackend):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.num_threads = num_threads
         self.stop_token_ids = stop_ids_from_configs(getattr(model, "generation_config", None), model.config)
         if tokenizer.pad_token_id is not None:
             self._pad_id: int = tokenizer.pad_token_id
@@ -155,21 +207,33 @@ class HFBackend(GenerationBackend):
             else {}
         )
         self._seed_rng = random.Random(seed)
+        dtype = next(self.model.parameters()).dtype
+        self._cache = SlotKVCache.for_model(self.model, dtype, self.device)
+        self._packed = (PackedLinears(self.model, batch_hint=min(max_batch_size, 32))
+                        if packed_linear and packed_linear_supported(self.model) else None)
+        self.kv_budget_tokens = int(kv_cache_gb * 2**30) // self._cache.bytes_per_token
 
-        # One thread runs every decode, so the model never runs twice at once.
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="hf-backend"
-        )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[_Request] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        # event loops -> engine thread
+        self._inbox: collections.deque[_Request] = collections.deque()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
         self._closed = False
+        self._calls: collections.deque[tuple[Callable[[], Any], _Request]] = collections.deque()
+        self._clear_requested = False
+        # engine thread only
+        self._weights_version = -1
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._owner: list[_Row | None] = []  # per slot: the row using it (None: idle or free)
+        self._stamp: list[int] = []  # per slot: when it was last used (for LRU eviction)
+        self._tick = 0
+        self._running = 0  # the running rows are slots 0 .. _running - 1
+        self._prefilling: list[_Row] = []  # admitted, prompt not fully in the cache, admission order
+        self._prefill_rows_cap = max_batch_size  # halved after a failed prefill, regrown after a success
 
-        self._num_requests = 0
-        self._num_batches = 0
-        self._generated_tokens = 0
-        self._decoded_tokens = 0  # bumped every decode step (live progress), cancelled rows included
+        self._counters: collections.Counter[str] = collections.Counter()
         self._busy_s = 0.0
+        self._decode_s = 0.0
 
     @classmethod
     def from_pretrained(
@@ -194,13 +258,14 @@ class HFBackend(GenerationBackend):
         return cls(model, tokenizer, **kwargs)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenOutput:
-        """Continue ``prompt_ids``; see the class docstring for sampling and stopping.
+        """Continue ``prompt_ids``; see the class docstring for sampling, stopping and caching.
 
         Raises:
-            ValueError: an empty prompt, a token id outside the model's vocabulary or
-                invalid sampling parameters (raised before the request is queued).
+            ValueError: an empty prompt, a token id outside the model's vocabulary, invalid sampling
+                parameters, or a prompt + ``max_new_tokens`` larger than the KV budget (raised before
+                the request is queued).
             RuntimeError: the backend is closed.
-            Exception: whatever the model raised while decoding this request's batch.
+            Exception: whatever the model raised while decoding this request.
         """
         if self._closed:
             raise RuntimeError("HFBackend is closed")
@@ -208,42 +273,65 @@ class HFBackend(GenerationBackend):
         if sampling.max_new_tokens <= 0:
             return GenOutput(token_ids=[], logprobs=[], text="", finish_reason="length")
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), sampling, loop.create_future())
-        self._ensure_worker(loop).put_nowait(request)
+        request = _Request(list(prompt_ids), sampling, loop.create_future(), loop)
+        self._ensure_thread()
+        self._inbox.append(request)
+        self._wake.set()
         try:
             return await request.future
         except asyncio.CancelledError:
             request.cancelled = True
+            self._wake.set()
             raise
 
+    async def call_between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the engine thread between two forward passes and return its result, e.g. to
+        load new weights while requests are in flight. The cached conversations are dropped after it."""
+        loop = asyncio.get_running_loop()
+        call = _Request([], SamplingParams(), loop.create_future(), loop)
+        self._ensure_thread()
+        self._calls.append((fn, call))
+        self._wake.set()
+        return await call.future
+
+    def clear_cache(self) -> None:
+        """Drop every cached conversation before the next step (thread-safe). Not needed after in-place
+        weight updates through torch (an optimizer step, ``load_state_dict``): the engine sees those in
+        the parameters' version counters."""
+        self._clear_requested = True
+        self._wake.set()
+
     async def close(self) -> None:
-        """Stop the worker; requests still queued or decoding fail with ``RuntimeError``."""
+        """Stop the engine; requests still queued or decoding fail with ``RuntimeError``."""
         if self._closed:
             return
         self._closed = True
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        if self._queue is not None:
-            while not self._queue.empty():
-                self._fail([self._queue.get_nowait()], RuntimeError("HFBackend was closed"))
-        # Waits at most one decode step: the cancelled worker marked its batch's rows cancelled.
-        await asyncio.to_thread(self._executor.shutdown)
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)  # at most one forward pass
 
     def stats(self) -> dict[str, float]:
-        """Counters: requests decoded (``max_new_tokens > 0``), batches, mean batch size,
-        tokens returned to callers, tokens decoded so far (live, for progress output) and
-        seconds spent decoding."""
+        """Counters: requests decoded (``max_new_tokens > 0``), ``batches`` (prefill forward passes),
+        ``decode_steps`` and the ``mean_batch_size`` (rows per decode step), tokens returned to callers,
+        tokens decoded so far (live, for progress output), ``prefill_tokens`` computed and
+        ``cached_tokens`` reused instead, ``evictions`` of idle cached conversations, prefill passes that
+        raised (``failed_prefills``: retried with fewer rows), the KV cache size
+        and seconds spent in engine work (``busy_s``) and in decode steps (``decode_s``)."""
+        c = self._counters
         return {
-            "requests": self._num_requests,
-            "batches": self._num_batches,
-            "mean_batch_size": self._num_requests / self._num_batches if self._num_batches else 0.0,
-            "generated_tokens": self._generated_tokens,
-            "decoded_tokens": self._decoded_tokens,
+            "requests": c["requests"],
+            "batches": c["prefills"],
+            "decode_steps": c["decode_steps"],
+            "mean_batch_size": c["decode_rows"] / c["decode_steps"] if c["decode_steps"] else 0.0,
+            "generated_tokens": c["generated_tokens"],
+            "decoded_tokens": c["decoded_tokens"],
+            "prefill_tokens": c["prefill_tokens"],
+            "cached_tokens": c["cached_tokens"],
+            "evictions": c["evictions"],
+            "failed_prefills": c["failed_prefills"],
+            "kv_cache_mb": round(self._cache.nbytes / 2**20, 1),
             "busy_s": self._busy_s,
+            "decode_s": self._decode_s,
         }
 
     # ------------------------------------------------------------------ event-loop side
@@ -261,66 +349,118 @@ class HFBackend(GenerationBackend):
             raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
         if not 0 < sampling.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+        need = SlotKVCache.round_columns(len(prompt_ids) + max(sampling.max_new_tokens, 0)) + 1
+        if need > self.kv_budget_tokens:
+            raise ValueError(
+                f"HFBackend.generate: a prompt of {len(prompt_ids)} tokens + max_new_tokens "
+                f"{sampling.max_new_tokens} needs {need} tokens of KV cache, more than the budget of "
+                f"{self.kv_budget_tokens} tokens ({self._cache.bytes_per_token} bytes each); raise kv_cache_gb"
+            )
 
-    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request]:
-        """The request queue of ``loop``'s worker, starting the worker if needed."""
-        worker_alive = self._worker is not None and not self._worker.done()
-        if self._queue is None or not worker_alive or loop is not self._loop:
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            self._worker = loop.create_task(self._serve(self._queue), name="HFBackend.worker")
-        return self._queue
-
-    async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
-        """Worker: forever take a batch of pending requests and decode it."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await queue.get()]
-            try:
-                await self._collect(queue, batch)
-                batch = [r for r in batch if not r.future.done()]  # drop cancelled callers
-                if not batch:
-                    continue
-                start = time.perf_counter()
-                try:
-                    await loop.run_in_executor(self._executor, self._decode_batch, batch, loop)
-                except Exception as exc:  # e.g. OOM: fail what is left of this batch, keep serving
-                    self._fail(batch, exc)
-                finally:
-                    self._busy_s += time.perf_counter() - start
-                    self._num_batches += 1
-                    self._num_requests += len(batch)
-            except asyncio.CancelledError:
-                for request in batch:
-                    request.cancelled = True
-                self._fail(batch, RuntimeError("HFBackend was closed"))
-                raise
-
-    async def _collect(self, queue: asyncio.Queue[_Request], batch: list[_Request]) -> None:
-        """Add to ``batch`` the requests pending now and those arriving within the wait window."""
-        await asyncio.sleep(0)  # let requests issued in the same tick reach the queue
-        self._drain(queue, batch)
-        if len(batch) < self.max_batch_size and self.batch_wait_s > 0:
-            await asyncio.sleep(self.batch_wait_s)
-            self._drain(queue, batch)
-
-    def _drain(self, queue: asyncio.Queue[_Request], batch: list[_Request]) -> None:
-        while len(batch) < self.max_batch_size and not queue.empty():
-            batch.append(queue.get_nowait())
+    def _ensure_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._engine, name="hf-backend", daemon=True)
+                self._thread.start()
 
     def _deliver(self, request: _Request, output: GenOutput) -> None:
-        """Resolve a finished request (called on the event loop by the decode thread)."""
-        self._generated_tokens += len(output.token_ids)
+        """Resolve a finished request (called on its event loop)."""
+        self._counters["generated_tokens"] += len(output.token_ids)
         if not request.future.done():
             request.future.set_result(output)
 
     @staticmethod
-    def _fail(requests: list[_Request], exc: BaseException) -> None:
-        for request in requests:
-            if not request.future.done():
-                request.future.set_exception(exc)
+    def _set_result(request: _Request, value: Any) -> None:
+        if not request.future.done():
+            request.future.set_result(value)
 
-    # ------------------------------------------------------------------ decode thread
+    @staticmethod
+    def _set_exception(request: _Request, exc: BaseException) -> None:
+        if not request.future.done():
+            request.future.set_exception(exc)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _post(self, request: _Request, callback: Any, *args: Any) -> None:
+        try:
+            request.loop.call_soon_threadsafe(callback, request, *args)
+        except RuntimeError:  # the caller's event loop is closed: nobody is waiting any more
+            pass
+
+    def _fail(self, request: _Request, exc: BaseException) -> None:
+        self._post(request, self._set_exception, exc)
+
+    def _engine(self) -> None:
+        """The engine thread: admit, prefill a chunk, decode a step, until closed."""
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        while not self._closed:
+            self._wake.clear()
+            idle = not self._running and not self._prefilling and not self._waiting
+            self._take_inbox()
+            self._run_calls()
+            self._check_weights()
+            if not self._waiting and not self._running and not self._prefilling:
+                self._wake.wait(timeout=1.0)
+                continue
+            if idle and self.batch_wait_s > 0:  # a first request: let its siblings arrive
+                time.sleep(self.batch_wait_s)
+                self._take_inbox()
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    self._drop_cancelled()
+                    self._admit()
+                    if self._prefilling:
+                        self._prefill_step()
+                    if self._running:
+                        t0 = time.perf_counter()
+                        self._decode_step()
+                        self._decode_s += time.perf_counter() - t0
+            except Exception as exc:  # a bug, not a model failure: fail what is in flight, go on
+                self._reset(exc)
+            self._busy_s += time.perf_counter() - start
+        self._run_calls()
+        self._reset(RuntimeError("HFBackend was closed"))
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            fn, request = self._calls.popleft()
+            try:
+                result = fn()
+            except Exception as exc:
+                self._fail(request, exc)
+            else:
+                self._post(request, self._set_result, result)
+            self._clear_requested = True
+
+    def _check_weights(self) -> None:
+        """Drop the cached conversations (their keys/values are stale) and repack the linear weights when
+        the weights changed."""
+        version = sum(p._version for p in self.model.parameters())
+        if self._clear_requested or version != self._weights_version:
+            for slot in self._idle_slots():
+                self._free(slot)
+            if self._packed is not None:
+                self._packed.pack()
+            self._weights_version = version
+            self._clear_requested = False
+
+    def _reset(self, exc: BaseException) -> None:
+        """Fail every queued and admitted request with ``exc`` and empty the cache."""
+        self._take_inbox()
+        admitted = [row.request for row in self._owner if row is not None]
+        for request in [*self._waiting, *admitted]:
+            self._fail(request, exc)
+        self._waiting.clear()
+        self._prefilling.clear()
+        self._running = 0
+        for slot in range(self._cache.num_slots):
+            self._free(slot)
+
+    def _take_inbox(self) -> None:
+        while self._inbox:
+            self._waiting.append(self._inbox.popleft())
 
     def _new_row(self, request: _Request) -> _Row:
         sampling = request.sampling
@@ -331,96 +471,271 @@ class HFBackend(GenerationBackend):
         stop_ids = frozenset(self.stop_token_ids).union(sampling.stop_token_ids or ())
         return _Row(request=request, stop_ids=stop_ids, generator=generator)
 
-    def _decode_batch(self, requests: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
-        """Decode ``requests`` as one left-padded batch (runs in the worker thread).
+    # -------------------------------------------------- slots
 
-        Each request is resolved on ``loop`` as soon as its row finishes, so a short answer
-        does not wait for the longest one of its batch.
-        """
-        rows = [self._new_row(r) for r in requests]
-        lengths = [len(r.prompt_ids) for r in requests]
-        width = max(lengths)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, request in enumerate(requests):
-            input_ids[i, width - lengths[i] :] = torch.tensor(request.prompt_ids)
-            attention_mask[i, width - lengths[i] :] = 1
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        next_positions = torch.tensor(lengths, device=self.device).unsqueeze(1)
-        cache = DynamicCache(config=self.model.config)
+    def _touch(self, slot: int) -> None:
+        self._tick += 1
+        self._stamp[slot] = self._tick
 
-        active = rows  # the rows still generating, in batch order
-        with torch.inference_mode():
-            logits = self._next_token_logits(input_ids, attention_mask, position_ids, cache)
-            while True:
-                tokens, logprobs = self._sample(logits, active)
-                self._decoded_tokens += len(active)
-                keep = []
-                for i, (row, token_id, logprob) in enumerate(
-                    zip(active, tokens.tolist(), logprobs.tolist())
-                ):
-                    row.append(token_id, logprob)
-                    if row.finish_reason:
-                        loop.call_soon_threadsafe(self._deliver, row.request, self._output(row))
-                    elif not row.request.cancelled:
-                        keep.append(i)
-                if not keep:
-                    return
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, device=self.device)
-                    cache.reorder_cache(index)  # index_select on the batch dim of every layer
-                    attention_mask = attention_mask[index]
-                    next_positions = next_positions[index]
-                    tokens = tokens[index]
-                    active = [active[i] for i in keep]
-                attention_mask = torch.cat(
-                    [attention_mask, attention_mask.new_ones(len(active), 1)], dim=1
-                )
-                logits = self._next_token_logits(
-                    tokens.unsqueeze(1), attention_mask, next_positions, cache
-                )
-                next_positions = next_positions + 1
+    def _swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        self._cache.swap(a, b)
+        self._owner[a], self._owner[b] = self._owner[b], self._owner[a]
+        self._stamp[a], self._stamp[b] = self._stamp[b], self._stamp[a]
+        for s in (a, b):
+            if self._owner[s] is not None:
+                self._owner[s].slot = s
 
-    def _output(self, row: _Row) -> GenOutput:
-        return GenOutput(
-            token_ids=row.token_ids,
-            logprobs=row.logprobs,
-            text=self.tokenizer.decode(row.token_ids, skip_special_tokens=False),
-            finish_reason=row.finish_reason,
-        )
+    def _idle_slots(self) -> list[int]:
+        return [s for s in range(self._cache.num_slots) if self._owner[s] is None and self._cache.tokens[s]]
 
-    def _next_token_logits(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: DynamicCache,
-    ) -> torch.Tensor:
-        """Run the model on ``input_ids``, extending ``cache``; float32 last-position logits."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            **self._forward_kwargs,
-        )
+    def _free(self, slot: int) -> None:
+        self._owner[slot] = None
+        self._cache.tokens[slot] = []
+
+    def _columns_needed(self, extra: int = 0) -> int:
+        rows = [self._owner[s] for s in range(self._cache.num_slots) if self._owner[s] is not None]
+        worst = [len(r.request.prompt_ids) + r.request.sampling.max_new_tokens for r in rows]
+        return max([extra, *worst, *(len(t) for t in self._cache.tokens)])
+
+    def _reallocate(self, slots: int, columns: int) -> None:
+        """Resize the cache, keeping the used slots (the running ones stay at 0 .. R-1)."""
+        keep = [s for s in range(self._cache.num_slots) if self._owner[s] is not None or self._cache.tokens[s]]
+        owners = [self._owner[s] for s in keep]
+        stamps = [self._stamp[s] for s in keep]
+        self._cache.reserve(slots, columns, keep)
+        self._owner = owners + [None] * (slots - len(keep))
+        self._stamp = stamps + [0] * (slots - len(keep))
+        for s, row in enumerate(self._owner):
+            if row is not None:
+                row.slot = s
+
+    def _claim_slot(self, columns: int, row: _Row) -> int | None:
+        """A free slot of at least ``columns`` columns for ``row`` (growing the cache or evicting idle
+        slots within the budget), or None when it cannot be had now."""
+        budget = self.kv_budget_tokens
+        capacity = max(self._cache.capacity, SlotKVCache.round_columns(self._columns_needed(columns)))
+        used = sum(1 for s in range(self._cache.num_slots) if self._owner[s] is not None or self._cache.tokens[s])
+        idle = sorted(self._idle_slots(), key=lambda s: self._stamp[s])  # least recently used first
+        # evict idle slots until one more slot of `capacity` columns fits
+        while (used + 1) * (capacity + 1) > budget and idle:
+            self._free(idle.pop(0))
+            self._counters["evictions"] += 1
+            used -= 1
+        if (used + 1) * (capacity + 1) > budget:
+            return None
+        free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
+        if capacity > self._cache.capacity or not free:
+            if capacity == self._cache.capacity and self._cache.num_slots * (capacity + 1) < budget:
+                grown = min(max(2 * self._cache.num_slots, 8), budget // (capacity + 1))
+            else:  # the columns grow (or the slots are at the budget): compact to what fits
+                grown = min(max(used + 1, self._cache.num_slots, self.max_batch_size), budget // (capacity + 1))
+            self._reallocate(grown, capacity)
+            free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
+        slot = free[0]
+        self._owner[slot] = row
+        row.slot = slot
+        return slot
+
+    # -------------------------------------------------- admission
+
+    def _drop_cancelled(self) -> None:
+        self._waiting = collections.deque(r for r in self._waiting if not r.cancelled)
+        for row in [r for r in self._prefilling if r.request.cancelled]:
+            self._prefilling.remove(row)
+            self._free(row.slot)
+        cancelled = [s for s in range(self._running) if self._owner[s].request.cancelled]
+        self._leave(cancelled, keep_cache=False)
+
+    def _admit(self) -> None:
+        while self._waiting and self._running + len(self._prefilling) < self.max_batch_size:
+            request = self._waiting[0]
+            row = self._new_row(request)
+            if not self._place(row):
+                return  # no room in the KV budget: it waits for running requests to finish
+            self._waiting.popleft()
+            self._counters["requests"] += 1
+            self._prefilling.append(row)
+
+    def _place(self, row: _Row) -> bool:
+        """Give ``row`` a slot: its own conversation's if one is cached, else a fresh one seeded with the
+        longest prefix any slot holds."""
+        prompt = row.request.prompt_ids
+        worst = len(prompt) + row.request.sampling.max_new_tokens
+        tokens = self._cache.tokens
+        continuing = [s for s in self._idle_slots() if len(tokens[s]) <= len(prompt)
+                      and prompt[: len(tokens[s])] == tokens[s]]
+        if continuing and SlotKVCache.round_columns(worst) <= self._cache.capacity:
+            slot = max(continuing, key=lambda s: len(tokens[s]))
+            self._owner[slot] = row
+            row.slot = slot
+        else:
+            slot = self._claim_slot(worst, row)
+            if slot is None:
+                return False
+        tokens = self._cache.tokens  # claiming may have reallocated the cache
+        cached = min(len(tokens[slot]), len(prompt) - 1)  # the last prompt token is always computed
+        del tokens[slot][cached:]
+        row.pending = prompt[cached:]
+        self._counters["cached_tokens"] += cached
+        self._reuse_longest_prefix(row)
+        self._touch(slot)
+        return True
+
+    def _reuse_longest_prefix(self, row: _Row) -> None:
+        """Copy into ``row``'s slot the longest prefix of its prompt that another slot has computed, when
+        that is at least ``MIN_SHARED_PREFIX`` tokens more than the slot holds."""
+        tokens, prompt = self._cache.tokens, row.request.prompt_ids
+        have = len(tokens[row.slot])
+        best, best_len = -1, 0
+        for s in range(self._cache.num_slots):
+            if s != row.slot and len(tokens[s]) > have:
+                n = _common_prefix(tokens[s], prompt)
+                if n > best_len:
+                    best, best_len = s, n
+        best_len = min(best_len, len(prompt) - 1)
+        if best_len >= have + MIN_SHARED_PREFIX:
+            self._cache.copy_prefix(best, row.slot, best_len)
+            row.pending = prompt[best_len:]
+            self._counters["cached_tokens"] += best_len - have
+
+    # -------------------------------------------------- forward passes
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: slice | list[int],
+                 write: torch.Tensor, key_len: int) -> torch.Tensor:
+        """One forward pass over slots ``rows``; float32 logits of each row's last query position."""
+        mask = torch.arange(key_len, device=self.device).view(1, 1, 1, key_len) <= positions.unsqueeze(1).unsqueeze(-1)
+        self._cache.plan(rows, write, key_len)
+        with self._packed.active() if self._packed is not None else contextlib.nullcontext():
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=self._cache, use_cache=True, **self._forward_kwargs)
         return out.logits[:, -1, :].float()
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row; return the tokens and their logprobs (before filtering)."""
-        temperatures = [row.request.sampling.temperature or 1.0 for row in rows]
-        scaled = logits
-        if any(t != 1.0 for t in temperatures):  # skip a pass over the logits when possible
-            scaled = logits / torch.tensor(temperatures, device=logits.device).unsqueeze(1)
-        tokens = scaled.argmax(-1)  # the greedy rows' choice; sampled rows are overwritten below
-        for i, row in enumerate(rows):
-            if row.generator is not None:
-                sampling = row.request.sampling
-                probs = _filter_logits(scaled[i], sampling.top_k, sampling.top_p).softmax(-1)
-                tokens[i] = torch.multinomial(probs, 1, generator=row.generator)[0]
-        # log_softmax at the chosen tokens, without materialising the [rows, vocab] result
-        logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - scaled.logsumexp(-1)
-        return tokens, logprobs
+    def _prefill_step(self) -> None:
+        """Prefill one chunk of the admitted rows (left-padded so each row's last token is last)."""
+        budget = self.prefill_chunk_tokens if self._running else max(self.prefill_chunk_tokens, 4096)
+        chosen: list[tuple[_Row, int]] = []
+        width = 0
+        for row in self._prefilling:
+            if not row.started:
+                self._reuse_longest_prefix(row)  # a sibling may have computed more of it since admission
+                have = len(self._cache.tokens[row.slot])
+                prompt = row.request.prompt_ids
+                if any(_common_prefix(prompt, other.request.prompt_ids) >= have + MIN_SHARED_PREFIX
+                       for other, _ in chosen):
+                    continue  # a row of this chunk computes the shared prefix: copy it next step
+            chunk = min(len(row.pending), budget)
+            if chosen and ((len(chosen) + 1) * max(width, chunk) > budget or len(chosen) >= self._prefill_rows_cap):
+                break
+            chosen.append((row, chunk))
+            width = max(width, chunk)
+        capacity = self._cache.capacity
+        input_ids = torch.full((len(chosen), width), self._pad_id, dtype=torch.long)
+        positions = torch.zeros((len(chosen), width), dtype=torch.long)
+        write = torch.full((len(chosen), width), capacity, dtype=torch.long)
+        key_len = 0
+        for i, (row, chunk) in enumerate(chosen):
+            start = len(self._cache.tokens[row.slot])
+            input_ids[i, width - chunk:] = torch.tensor(row.pending[:chunk])
+            positions[i, width - chunk:] = torch.arange(start, start + chunk)
+            write[i, width - chunk:] = positions[i, width - chunk:]
+            key_len = max(key_len, start + chunk)
+        try:
+            logits = self._forward(input_ids.to(self.device), positions.to(self.device),
+                                   [row.slot for row, _ in chosen], write.to(self.device), key_len)
+        except Exception as exc:  # e.g. out of memory: retry fewer rows; a single row fails alone
+            if len(chosen) > 1:
+                self._prefill_rows_cap = max(1, len(chosen) // 2)
+            else:
+                row = chosen[0][0]
+                self._prefilling.remove(row)
+                self._free(row.slot)
+                self._fail(row.request, exc)
+            self._counters["failed_prefills"] += 1
+            return
+        self._prefill_rows_cap = min(self.max_batch_size, self._prefill_rows_cap * 2)
+        self._counters["prefills"] += 1
+        done = []
+        for i, (row, chunk) in enumerate(chosen):
+            row.started = True
+            self._cache.tokens[row.slot].extend(row.pending[:chunk])
+            del row.pending[:chunk]
+            self._counters["prefill_tokens"] += chunk
+            if not row.pending:
+                done.append(i)
+        if not done:
+            return
+        rows = [chosen[i][0] for i in done]
+        self._sample_into(logits[done], rows)
+        for row in rows:
+            self._prefilling.remove(row)
+            if row.done:
+                self._finish(row)
+                self._owner[row.slot] = None
+                self._touch(row.slot)
+                if row.request.cancelled:
+                    self._free(row.slot)
+            else:
+                self._swap(row.slot, self._running)  # join the decode batch
+                self._running += 1
+
+    def _decode_step(self) -> None:
+        """One token for every running row (slots 0 .. R-1: the cache hands attention a view)."""
+        running = self._running
+        rows = [self._owner[s] for s in range(running)]
+        positions = torch.tensor([len(self._cache.tokens[s]) for s in range(running)], dtype=torch.long)
+        last = torch.tensor([row.token_ids[-1] for row in rows], dtype=torch.long)
+        try:
+            logits = self._forward(last.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
+                                   slice(0, running), positions.view(-1, 1).to(self.device),
+                                   int(positions.max()) + 1)
+        except Exception as exc:  # the rows of a failed step fail; the engine goes on
+            for row in rows:
+                self._fail(row.request, exc)
+            self._leave(list(range(running)), keep_cache=False)
+            return
+        for s, row in enumerate(rows):
+            self._cache.tokens[s].append(row.token_ids[-1])
+        self._counters["decode_steps"] += 1
+        self._counters["decode_rows"] += running
+        self._sample_into(logits, rows)
+        for row in rows:
+            self._finish(row)
+        self._leave([s for s, row in enumerate(rows) if row.request.cancelled], keep_cache=False)
+        self._leave([s for s in range(self._running) if self._owner[s].finish_reason], keep_cache=True)
+
+    def _sample_into(self, logits: torch.Tensor, rows: list[_Row]) -> None:
+        tokens, logprobs = sample_rows(
+            logits,
+            [row.request.sampling.temperature for row in rows],
+            [(row.request.sampling.top_k, row.request.sampling.top_p) for row in rows],
+            [row.generator for row in rows],
+        )
+        self._counters["decoded_tokens"] += len(rows)
+        for row, token_id, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
+            if not row.request.cancelled:
+                row.append(token_id, logprob)
+
+    def _finish(self, row: _Row) -> None:
+        """Answer a finished row's caller (a no-op for rows still decoding or cancelled)."""
+        if row.finish_reason and not row.request.cancelled:
+            output = GenOutput(
+                token_ids=row.token_ids,
+                logprobs=row.logprobs,
+                text=self.tokenizer.decode(row.token_ids, skip_special_tokens=False),
+                finish_reason=row.finish_reason,
+            )
+            self._post(row.request, self._deliver, output)
+
+    def _leave(self, slots: list[int], keep_cache: bool) -> None:
+        """Take running ``slots`` out of the decode batch (highest first, so the swaps stay valid)."""
+        for s in sorted(slots, reverse=True):
+            self._swap(s, self._running - 1)
+            self._running -= 1
+            slot = self._running
+            if keep_cache:
+                self._owner[slot] = None
+                self._touch(slot)
+            else:
+                self._free(slot)

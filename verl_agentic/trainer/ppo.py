@@ -264,12 +264,14 @@ class PPOTrainer:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         if tokenizer is None:
             raise ConfigError("PPOTrainer: a model was given without its tokenizer")
-        from verl_agentic.backends.hf import HFBackend
+        from verl_agentic.backends.hf import HFBackend, hf_options
 
         self.model = model.float()
         self.tokenizer = tokenizer
         # The rollout generates with the very weights being trained: no weight sync.
-        self.backend = HFBackend(self.model, tokenizer, max_batch_size=int(cfg.rollout.max_batch_size), seed=self.seed)
+        self.hf_options = hf_options(cfg.rollout.get("hf"))
+        self.backend = HFBackend(self.model, tokenizer, max_batch_size=int(cfg.rollout.max_batch_size), seed=self.seed,
+                                 **self.hf_options)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.backend.stop_token_ids[0]
         self.temperature = float(cfg.rollout.temperature) or 1.0
         self.bf16 = str(cfg.actor.dtype) == "bfloat16"

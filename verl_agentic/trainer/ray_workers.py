@@ -24,7 +24,7 @@ class RolloutWorker:
     """Runs ``AsyncRollout`` against an HF backend of its own (a Ray actor)."""
 
     def __init__(self, model_config: Any, tokenizer: Any, rollout_cfg: Any, task_configs: dict,
-                 default_task_type: str, max_batch_size: int, seed: int) -> None:
+                 default_task_type: str, max_batch_size: int, seed: int, hf_options: dict | None = None) -> None:
         import verl_agentic.tasks  # noqa: F401 - built-in tasks (registries live per process)
         from transformers import AutoModelForCausalLM
 
@@ -35,7 +35,7 @@ class RolloutWorker:
         # registered per process: build with sdpa, this process's HFBackend switches it again
         config._attn_implementation = "sdpa"
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        self.backend = HFBackend(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+        self.backend = HFBackend(model, tokenizer, max_batch_size=max_batch_size, seed=seed, **(hf_options or {}))
         self.rollout_cfg = rollout_cfg
         self.task_configs = task_configs
         self.default_task_type = default_task_type
@@ -91,7 +91,7 @@ class RayWorkers:
         self._ray = ray
         self.rollout = ray.remote(RolloutWorker).options(num_cpus=0).remote(
             trainer.model.config, trainer.tokenizer, trainer.rollout_cfg, trainer.task_configs, cfg.task_type,
-            int(cfg.rollout.max_batch_size), int(cfg.seed))
+            int(cfg.rollout.max_batch_size), int(cfg.seed), trainer.hf_options)
         self.reward = None
         if trainer.scorer_config is not None:
             self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)

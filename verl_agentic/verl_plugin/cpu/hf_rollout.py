@@ -30,7 +30,6 @@ so a run can show that each update reached the rollout.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -126,9 +125,8 @@ class HFRolloutServer:
                                f"{unexpected[:10]} (of {len(unexpected)})")
         start = time.perf_counter()
         model = self.backend.model
-        # the decode thread must not run while the weights change: run on the backend's own thread
-        await asyncio.get_running_loop().run_in_executor(
-            self.backend._executor, lambda: model.load_state_dict(state, strict=False))
+        # no forward pass may run while the weights change; the backend drops its KV cache after
+        await self.backend.call_between_steps(lambda: model.load_state_dict(state, strict=False))
         fingerprint = weight_fingerprint({k: v for k, v in model.state_dict().items() if k in self.expected})
         change = None
         if self.last_state is not None:
