@@ -155,9 +155,14 @@ def test_resume_continues_exactly(tiny_smol_dir, tmp_path):
         assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-5), key
     lines = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]
+    # Tokens are exact; log-probs are not bitwise: with continuous batching a row's floats depend on which
+    # rows share its decode steps (~1e-6), and Adam can turn that into a sign flip of a near-zero update
+    # (<= lr = 1e-3) in a few elements. A resume that lost the optimizer state or a step moves every
+    # element by ~lr (relative difference ~0.1 here); these agree to 1e-3 relative, each within 2 steps.
     sd_full = tr.model.state_dict()
     for k, v in tr2.model.state_dict().items():
-        assert torch.allclose(v, sd_full[k], atol=1e-5), k
+        assert float((v - sd_full[k]).norm() / sd_full[k].norm().clamp(min=1e-12)) < 1e-3, k
+        assert float((v - sd_full[k]).abs().max()) <= 2e-3, k
 
 
 def test_config_errors_name_the_choices(tiny_smol_dir, tmp_path):
