@@ -528,10 +528,12 @@ class HFBackend(GenerationBackend):
             return None
         free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
         if capacity > self._cache.capacity or not free:
-            if capacity == self._cache.capacity and self._cache.num_slots * (capacity + 1) < budget:
-                grown = min(max(2 * self._cache.num_slots, 8), budget // (capacity + 1))
-            else:  # the columns grow (or the slots are at the budget): compact to what fits
-                grown = min(max(used + 1, self._cache.num_slots, self.max_batch_size), budget // (capacity + 1))
+            # memory is committed as it is allocated: grow on demand (doubling the slots, so reallocation
+            # costs O(final size)), never past the budget
+            if capacity == self._cache.capacity:
+                grown = min(max(2 * self._cache.num_slots, 4), budget // (capacity + 1))
+            else:  # the columns grow: keep the slots there are (compacted), plus one
+                grown = min(max(used + 1, self._cache.num_slots), budget // (capacity + 1))
             self._reallocate(grown, capacity)
             free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
         slot = free[0]
