@@ -423,6 +423,9 @@ class HFBackend(GenerationBackend):
             self._busy_s += time.perf_counter() - start
         self._run_calls()
         self._reset(RuntimeError("HFBackend was closed"))
+        # a closed backend holds no cache or packed weights, even while something still references it
+        self._cache = SlotKVCache.for_model(self.model, self._cache.dtype, self.device)
+        self._owner, self._stamp, self._packed = [], [], None
 
     def _run_calls(self) -> None:
         while self._calls:

@@ -80,8 +80,12 @@ class HFRolloutServer:
                                                   trust_remote_code=model_config.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                      trust_remote_code=model_config.trust_remote_code)
+        # no packed linear copies here: this actor shares the machine with verl's FSDP workers, and a
+        # second copy of the weights (and its repack after every push) cost memory Ray then reclaims by
+        # killing an actor (NODE_OUT_OF_MEMORY, seen on 24 GB); the KV cache is kept to 1 GB
         self.backend = HFBackend(model, tokenizer, max_batch_size=int(config.max_num_seqs or 64),
-                                 seed=int(getattr(config, "seed", 0) or 0) + replica_rank)
+                                 seed=int(getattr(config, "seed", 0) or 0) + replica_rank,
+                                 packed_linear=False, kv_cache_gb=1.0)
         # verl's generate signature and sampling dict -> our backend (refuses what it cannot do)
         self.client = BackendLLMClient(self.backend, default_max_tokens=int(config.response_length))
         self.tied = self._tied_names(model)
