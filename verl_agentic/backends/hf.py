@@ -402,13 +402,13 @@ class HFBackend(GenerationBackend):
             if not self._waiting and not self._running and not self._prefilling:
                 self._wake.wait(timeout=1.0)
                 continue
-            # only with work to do: an idle engine must not read weights a trainer is writing
-            self._check_weights()
             if idle and self.batch_wait_s > 0:  # a first request: let its siblings arrive
                 time.sleep(self.batch_wait_s)
                 self._take_inbox()
             start = time.perf_counter()
             try:
+                # only with work to do: an idle engine must not read weights a trainer is writing
+                self._check_weights()
                 with torch.inference_mode():
                     self._drop_cancelled()
                     self._admit()
