@@ -492,7 +492,16 @@ class HFBackend(GenerationBackend):
                 self._owner[s].slot = s
 
     def _idle_slots(self) -> list[int]:
+        """Slots holding a cached conversation that no request is using."""
         return [s for s in range(self._cache.num_slots) if self._owner[s] is None and self._cache.tokens[s]]
+
+    def _used_slots(self) -> list[int]:
+        """Slots a request uses or a cached conversation occupies (the rest are free)."""
+        return [s for s in range(self._cache.num_slots) if self._owner[s] is not None or self._cache.tokens[s]]
+
+    def _free_slots(self) -> list[int]:
+        used = set(self._used_slots())
+        return [s for s in range(self._cache.num_slots) if s not in used]
 
     def _free(self, slot: int) -> None:
         self._owner[slot] = None
@@ -505,7 +514,7 @@ class HFBackend(GenerationBackend):
 
     def _reallocate(self, slots: int, columns: int) -> None:
         """Resize the cache, keeping the used slots (the running ones stay at 0 .. R-1)."""
-        keep = [s for s in range(self._cache.num_slots) if self._owner[s] is not None or self._cache.tokens[s]]
+        keep = self._used_slots()
         owners = [self._owner[s] for s in keep]
         stamps = [self._stamp[s] for s in keep]
         self._cache.reserve(slots, columns, keep)
@@ -520,7 +529,7 @@ class HFBackend(GenerationBackend):
         slots within the budget), or None when it cannot be had now."""
         budget = self.kv_budget_tokens
         capacity = max(self._cache.capacity, SlotKVCache.round_columns(self._columns_needed(columns)))
-        used = sum(1 for s in range(self._cache.num_slots) if self._owner[s] is not None or self._cache.tokens[s])
+        used = len(self._used_slots())
         idle = sorted(self._idle_slots(), key=lambda s: self._stamp[s])  # least recently used first
         # evict idle slots until one more slot of `capacity` columns fits
         while (used + 1) * (capacity + 1) > budget and idle:
@@ -529,7 +538,7 @@ class HFBackend(GenerationBackend):
             used -= 1
         if (used + 1) * (capacity + 1) > budget:
             return None
-        free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
+        free = self._free_slots()
         if capacity > self._cache.capacity or not free:
             # memory is committed as it is allocated: grow on demand (doubling the slots, so reallocation
             # costs O(final size)), never past the budget
@@ -538,7 +547,7 @@ class HFBackend(GenerationBackend):
             else:  # the columns grow: keep the slots there are (compacted), plus one
                 grown = min(max(used + 1, self._cache.num_slots), budget // (capacity + 1))
             self._reallocate(grown, capacity)
-            free = [s for s in range(self._cache.num_slots) if self._owner[s] is None and not self._cache.tokens[s]]
+            free = self._free_slots()
         slot = free[0]
         self._owner[slot] = row
         row.slot = slot
