@@ -139,6 +139,7 @@ if [[ "$DEVICE" == cpu ]]; then
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
     actor_rollout_ref.rollout.n=2                            # episodes per prompt (the GRPO group)
     actor_rollout_ref.rollout.agent.num_workers=1
+    reward.num_workers=1                         # verl's default 8 reward-loop actors cost ~0.4 GB each
     trainer.total_training_steps=10
     "trainer.default_local_dir=$OUT/checkpoints"
     "trainer.rollout_data_dir=$OUT"

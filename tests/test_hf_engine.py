@@ -271,3 +271,46 @@ def test_grpo_siblings_arriving_together_prefill_their_prompt_once(loaded: HFBac
         ref = asyncio.run(once())
         assert out.token_ids == ref.token_ids
         assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+
+
+def test_an_idle_engine_thread_ends_so_an_unclosed_backend_is_freed(loaded: HFBackend) -> None:
+    """A running engine thread references its backend: it must end when idle, or every backend a user
+    forgets to close keeps its KV cache and packed weights for the life of the process. The next request
+    starts a new thread and still finds the conversation cached."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    from verl_agentic.backends import hf
+
+    backend = fresh(loaded)
+    tok = loaded.tokenizer
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    prompt = chat_ids(tok, QUESTIONS[0])
+
+    def engine_threads() -> int:
+        return sum(t.name == "hf-backend" and t.is_alive() for t in threading.enumerate())
+
+    async def turn(p: list[int]) -> GenOutput:
+        return await backend.generate(p, greedy)
+
+    before = engine_threads()
+    first = asyncio.run(turn(prompt))
+    deadline = time.monotonic() + hf.IDLE_EXIT_S + 10
+    while engine_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine_threads() == before, "the idle engine thread did not end"
+    cached = backend.stats()["cached_tokens"]
+    second_prompt = prompt + first.token_ids + feedback_ids(tok, FEEDBACK[0])
+    second = asyncio.run(turn(second_prompt))
+    assert backend.stats()["cached_tokens"] - cached == len(prompt) + len(first.token_ids) - 1
+    assert second.token_ids == greedy_reference(loaded.model, second_prompt, 4, loaded.stop_token_ids)
+
+    ref = weakref.ref(backend)
+    del backend
+    deadline = time.monotonic() + hf.IDLE_EXIT_S + 10
+    while ref() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    assert ref() is None, "an unclosed idle backend is still referenced"

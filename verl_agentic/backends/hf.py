@@ -64,6 +64,8 @@ def hf_options(section: Any) -> dict[str, Any]:
 
 # A prefix shorter than this is recomputed rather than copied from another slot.
 MIN_SHARED_PREFIX = 16
+# seconds without work after which the engine thread ends (a new request starts another)
+IDLE_EXIT_S = 1.0
 
 
 @dataclass
@@ -274,8 +276,8 @@ class HFBackend(GenerationBackend):
             return GenOutput(token_ids=[], logprobs=[], text="", finish_reason="length")
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling, loop.create_future(), loop)
-        self._ensure_thread()
         self._inbox.append(request)
+        self._ensure_thread()  # after queueing: see _engine's idle exit
         self._wake.set()
         try:
             return await request.future
@@ -289,8 +291,8 @@ class HFBackend(GenerationBackend):
         load new weights while requests are in flight. The cached conversations are dropped after it."""
         loop = asyncio.get_running_loop()
         call = _Request([], SamplingParams(), loop.create_future(), loop)
-        self._ensure_thread()
         self._calls.append((fn, call))
+        self._ensure_thread()
         self._wake.set()
         return await call.future
 
@@ -306,9 +308,11 @@ class HFBackend(GenerationBackend):
         if self._closed:
             return
         self._closed = True
+        self._ensure_thread()  # a closed engine's thread fails what is queued and frees the cache
         self._wake.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)  # at most one forward pass
+        thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join)  # at most one forward pass
 
     def stats(self) -> dict[str, float]:
         """Counters: requests decoded (``max_new_tokens > 0``), ``batches`` (prefill forward passes),
@@ -400,7 +404,8 @@ class HFBackend(GenerationBackend):
             self._take_inbox()
             self._run_calls()
             if not self._waiting and not self._running and not self._prefilling:
-                self._wake.wait(timeout=1.0)
+                if not self._wake.wait(timeout=IDLE_EXIT_S) and self._exit_if_idle():
+                    return
                 continue
             if idle and self.batch_wait_s > 0:  # a first request: let its siblings arrive
                 time.sleep(self.batch_wait_s)
@@ -426,6 +431,17 @@ class HFBackend(GenerationBackend):
         # a closed backend holds no cache or packed weights, even while something still references it
         self._cache = SlotKVCache.for_model(self.model, self._cache.dtype, self.device)
         self._owner, self._stamp, self._packed = [], [], None
+
+    def _exit_if_idle(self) -> bool:
+        """Let the idle engine thread end (the next request starts a new one): a running thread keeps
+        its backend alive, so a backend nobody closed would otherwise hold its model and cache forever.
+        Under the lock: a request queued before this check keeps the thread; one queued after it
+        finds no thread and starts one."""
+        with self._thread_lock:
+            if self._inbox or self._calls or self._closed:
+                return False
+            self._thread = None
+            return True
 
     def _run_calls(self) -> None:
         while self._calls:
