@@ -7,6 +7,8 @@ The baseline's ``verl_agentic`` is exported with ``git archive`` into a temporar
 verl_agentic.main_rollout`` with the Makefile's ``DEMO_ARGS`` (8 GSM8K problems, 3 turns x 192 tokens,
 temperature 0.7) in a fresh process; the figure is the summary's ``generated_tokens_per_s`` (generated
 tokens / rollout wall time, model loading excluded). Runs alternate baseline, current, baseline, ...
+For the current tree it also prints the engine's counters: decode steps (at least the longest episode's
+generated tokens: the critical path), their mean batch and time, and the prefill work.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def run(pythonpath: str | None, args: list[str], out: Path) -> dict:
                    check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())
     task = summary["tasks"]["gsm8k"]
-    return {"tok_s": task["generated_tokens_per_s"], "tokens": task["generated_tokens"], "wall_s": task["wall_s"]}
+    return {"tok_s": task["generated_tokens_per_s"], "tokens": task["generated_tokens"], "wall_s": task["wall_s"],
+            "backend": summary.get("backend", {})}
 
 
 def main() -> None:
@@ -64,6 +67,12 @@ def main() -> None:
         runs = ", ".join(f"{r['tok_s']:.1f}" for m, r in rows if m == n)
         print(f"| {n} | {mean[n]:.1f} | {runs} |")
     print(f"current / baseline: {mean['current'] / mean['baseline']:.2f}")
+    for m, r in rows:  # the engine's own counters (the baseline's backend has no decode_s)
+        s = r["backend"]
+        if m == "current" and s.get("decode_steps"):
+            print(f"current engine: {s['decode_steps']} decode steps at mean batch {s['mean_batch_size']:.2f}, "
+                  f"{1e3 * s['decode_s'] / s['decode_steps']:.1f} ms each = {s['decode_s']:.1f} s of {r['wall_s']:.1f} s; "
+                  f"{s['batches']} prefill passes, {s['prefill_tokens']} tokens prefilled, {s['cached_tokens']} reused")
 
 
 if __name__ == "__main__":
