@@ -292,18 +292,18 @@ def test_an_idle_engine_thread_ends_so_an_unclosed_backend_is_freed(loaded: HFBa
     def engine_threads() -> int:
         return sum(t.name == "hf-backend" and t.is_alive() for t in threading.enumerate())
 
-    async def turn(p: list[int]) -> GenOutput:
-        return await backend.generate(p, greedy)
+    async def turn(b: HFBackend, p: list[int]) -> GenOutput:
+        return await b.generate(p, greedy)
 
     before = engine_threads()
-    first = asyncio.run(turn(prompt))
+    first = asyncio.run(turn(backend, prompt))
     deadline = time.monotonic() + hf.IDLE_EXIT_S + 10
     while engine_threads() > before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert engine_threads() == before, "the idle engine thread did not end"
     cached = backend.stats()["cached_tokens"]
     second_prompt = prompt + first.token_ids + feedback_ids(tok, FEEDBACK[0])
-    second = asyncio.run(turn(second_prompt))
+    second = asyncio.run(turn(backend, second_prompt))
     assert backend.stats()["cached_tokens"] - cached == len(prompt) + len(first.token_ids) - 1
     assert second.token_ids == greedy_reference(loaded.model, second_prompt, 4, loaded.stop_token_ids)
 
