@@ -103,6 +103,11 @@ def test_rollout_logprobs_match_trainer_recompute(tiny_smol_dir, tmp_path):
     assert m["actor/logprob_gap_mean"] < 1e-4, m["actor/logprob_gap_mean"]
     rows = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["step"] == 1 for r in rows)
+    # clip_ratio counts assistant turns cut at max_new_tokens, from the dumped turns themselves
+    turns = [u for r in rows for u in r["turns"] if u["role"] == "assistant"]
+    cut = [u for u in turns if u.get("finish_reason") == "length"]
+    assert m["response_length/clip_ratio"] == pytest.approx(len(cut) / len(turns))
+    assert cut and all(u["end"] - u["start"] == 12 for u in cut)  # rollout.max_new_tokens=12
     for r in rows:
         assert len(r["trainer_logprobs"]) == len(r["response_ids"])
         for lp, tlp, mk in zip(r["response_logprobs"], r["trainer_logprobs"], r["response_mask"]):
@@ -116,6 +121,7 @@ def test_rollout_logprobs_match_trainer_recompute(tiny_smol_dir, tmp_path):
     ("rloo", ("actor.loss_agg_mode=seq-mean-token-sum",)),
     ("reinforce_plus_plus", ("actor.loss_agg_mode=seq-mean-token-mean", "algorithm.use_kl_in_reward=true")),
     ("gae", ("actor.use_kl_loss=true", "actor.dtype=bfloat16")),
+    ("turn_loo", ()),
 ])
 def test_estimators_train(tiny_smol_dir, tmp_path, estimator, extra):
     tr = _trainer(tiny_smol_dir, tmp_path, f"algorithm.adv_estimator={estimator}", "trainer.total_steps=1", *extra)
@@ -218,3 +224,62 @@ def test_ray_workers_generate_what_the_local_rollout_does(tiny_smol_dir, tmp_pat
     assert [t["score"] for t in a] == [t["score"] for t in b]
     assert m_ray["reward/mean"] == m_local["reward/mean"]
     assert m_ray["actor/pg_loss"] == pytest.approx(m_local["actor/pg_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_validation_before_training_and_every_k_steps(tiny_smol_dir, tmp_path):
+    """Greedy held-out episodes: a step-0 row for the base model, then after steps 2 and 3 (test_freq=2,
+    and the last step); the val/* figures are the rates of the episodes written to validation/."""
+    from verl_agentic.trainer.ppo import validation_metrics
+
+    tr = _trainer(tiny_smol_dir, tmp_path, "data.val_path=data/gsm8k/test.jsonl", "data.val_max_samples=4",
+                  "trainer.test_freq=2")
+    again = tr.validate()  # the same weights twice: greedy, so the same episodes and figures
+    first_ids = [json.loads(x)["response_ids"] for x in (tmp_path / "validation" / "step_000000.jsonl").read_text().splitlines()]
+    tr.fit()
+    rows = {r["step"]: r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert [s for s in rows if "val/accuracy/final" in rows[s]] == [0, 2, 3]
+    assert set(rows[0]) == {"step", *(k for k in rows[2] if k.startswith("val/")), "timing/val_s"}
+    assert {k: v for k, v in rows[0].items() if k.startswith("val/")} == {
+        k: v for k, v in again.items() if k.startswith("val/")}
+    for step in (0, 2, 3):
+        episodes = [json.loads(x) for x in (tmp_path / "validation" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(episodes) == 4 and len({e["index"] for e in episodes}) == 4  # n=1 per held-out row
+        assert all(e["step"] == step for e in episodes)
+        expect = validation_metrics(episodes, [e["score"] for e in episodes])
+        assert {f"val/{k}": v for k, v in expect.items()} == {k: v for k, v in rows[step].items() if k.startswith("val/")}
+        assert rows[step]["val/episodes"] == 4
+        first = [e["metrics"]["first_correct"] for e in episodes]
+        assert rows[step]["val/accuracy/first_turn"] == pytest.approx(sum(first) / 4)
+    # greedy: the base model's episodes again, token for token (the training rollouts sample at T=1)
+    ids = [json.loads(x)["response_ids"] for x in (tmp_path / "validation" / "step_000000.jsonl").read_text().splitlines()]
+    assert ids == first_ids and all(ids)
+    assert ids != [json.loads(x)["response_ids"] for x in (tmp_path / "validation" / "step_000003.jsonl").read_text().splitlines()]
+    assert not (tmp_path / "rollouts" / "step_000000.jsonl").exists()
+    # the inspector plots the held-out figures per step, from metrics.jsonl
+    from verl_agentic.inspect.plots import _step_plots
+    from verl_agentic.inspect.runs import load_run
+
+    val = next(p for p in _step_plots(load_run(tmp_path)) if p["id"] == "validation")
+    series = {x["name"]: x["y"] for x in val["series"]}
+    assert series["val/accuracy/final"] == [rows[0]["val/accuracy/final"], None, rows[2]["val/accuracy/final"],
+                                           rows[3]["val/accuracy/final"]]
+    assert "val/answered" in series and not any(k.endswith("episodes") or "reward" in k for k in series)
+
+
+def test_validation_metrics_are_rates_per_task():
+    from verl_agentic.trainer.ppo import validation_metrics
+
+    def ep(task, first, final, w2r, r2w, answered):
+        return {"task_type": task, "metrics": {"first_correct": first, "final_correct": final, "flips_wrong_to_right": w2r,
+                                               "flips_right_to_wrong": r2w, "answered": answered}}
+
+    trajs = [ep("gsm8k", 0.0, 1.0, 1, 0, 1.0), ep("gsm8k", 1.0, 0.0, 0, 1, 1.0), ep("gsm8k", 0.0, 0.0, 0, 0, 0.0),
+             ep("dr", 1.0, 1.0, 0, 0, 1.0)]
+    m = validation_metrics(trajs, [1.0, 0.0, None, 1.0])
+    assert m["reward/mean"] == pytest.approx(2 / 3)  # the unscored episode is left out
+    assert m["accuracy/first_turn"] == 0.5 and m["accuracy/final"] == 0.5
+    assert m["flip_rate/wrong_to_right"] == 0.25 and m["flip_rate/right_to_wrong"] == 0.25
+    assert m["answered"] == 0.75 and m["episodes"] == 4
+    assert m["gsm8k/accuracy/final"] == pytest.approx(1 / 3) and m["dr/accuracy/final"] == 1.0
+    assert m["gsm8k/episodes"] == 3 and m["gsm8k/reward/mean"] == 0.5

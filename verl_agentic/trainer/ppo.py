@@ -13,6 +13,8 @@ One step::
     update          per mini-batch (micro-batches accumulate): verl's policy-loss registry
                     (clipped PPO), agg_loss modes, entropy bonus, KL loss, value loss; clip; AdamW
     metrics -> metrics.jsonl (+ tensorboard/wandb/console through verl's Tracking); checkpoint
+    [validation]    greedy episodes (n=1) on data.val_path: before the first step and every
+                    trainer.test_freq steps -> val/* in that step's metrics row (step 0: before training)
 
 The loss only sees tokens whose ``response_mask`` is 1 (the model's own tokens): every loss
 term is aggregated by verl's ``agg_loss`` over that mask.
@@ -29,7 +31,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,6 +48,8 @@ def _verl():
     """verl's algorithm modules (imported lazily: importing verl takes seconds)."""
     from verl.trainer.ppo import core_algos, ray_trainer
     from verl.utils import torch_functional as verl_F
+
+    from verl_agentic.verl_plugin import turn_advantage  # noqa: F401 - registers turn_loo in core_algos
 
     return core_algos, ray_trainer, verl_F
 
@@ -209,9 +213,40 @@ def rollout_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[s
     gen = [sum(t["response_mask"]) for t in trajs]
     m["response_length/mean"] = float(np.mean(gen))
     m["response_length/max"] = float(np.max(gen))
-    m["response_length/clip_ratio"] = float(np.mean([t.get("finish_reason") == "length" for t in trajs]))
+    # turns cut by max_new_tokens (or by the episode's token budget); verl's name, counted per turn here
+    turns = [u for t in trajs for u in t.get("turns") or [] if u.get("role") == "assistant"]
+    if turns:
+        m["response_length/clip_ratio"] = float(np.mean([u.get("finish_reason") == "length" for u in turns]))
+    m["response_length/episode_clip_ratio"] = float(np.mean([t.get("finish_reason") == "length" for t in trajs]))
     m["episode/errors"] = float(sum(1 for t in trajs if t.get("error")))
     return m
+
+
+def validation_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[str, float]:
+    """Held-out metrics of greedy episodes, as rates over episodes: reward, first-turn and final accuracy,
+    wrong->right and right->wrong flip rates, answered rate (each where the task reports it: gsm8k's
+    ``first_correct``, ``final_correct``, ``flips_*``, ``answered``), per task when there are several."""
+    out: dict[str, float] = {}
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        by_task[t["task_type"]].append(i)
+    groups = {"": list(range(len(trajs)))}
+    if len(by_task) > 1:
+        groups.update({f"{task}/": idx for task, idx in sorted(by_task.items())})
+    names = (("first_correct", "accuracy/first_turn"), ("final_correct", "accuracy/final"),
+             ("flips_wrong_to_right", "flip_rate/wrong_to_right"), ("flips_right_to_wrong", "flip_rate/right_to_wrong"),
+             ("answered", "answered"))
+    for prefix, idx in groups.items():
+        scored = [rewards[i] for i in idx if rewards[i] is not None]
+        if scored:
+            out[prefix + "reward/mean"] = float(np.mean(scored))
+        for key, name in names:
+            vals = [float(trajs[i]["metrics"][key]) for i in idx
+                    if isinstance((trajs[i].get("metrics") or {}).get(key), (int, float))]
+            if vals:
+                out[prefix + name] = float(np.mean(vals))
+        out[prefix + "episodes"] = float(len(idx))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,6 +276,15 @@ class PPOTrainer:
         self.task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
         self.rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
         resolve_tasks(self.rows, cfg.task_type, self.task_configs)
+        self.val_rows: list[dict] = []
+        if cfg.data.get("val_path"):
+            self.val_rows = load_rows(resolve_data_path(cfg.data.val_path), cfg.task_type,
+                                      cfg.data.get("val_max_samples", -1))
+            resolve_tasks(self.val_rows, cfg.task_type, self.task_configs)
+        self.val_rollout_cfg = replace(self.rollout_cfg, n=1, temperature=0.0)  # greedy, one episode a row
+        self.test_freq = int(t.get("test_freq", 0))
+        if self.test_freq < 0:
+            raise ConfigError(f"trainer.test_freq must be >= 0, got {self.test_freq}")
         self.use_ray = bool(t.use_ray)
         self.scorer_config = self._reward_config(cfg)
         # with Ray the reward manager lives in its actor (its process pool too), not here
@@ -405,16 +449,39 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _rollout(self, rows: list[dict]) -> list[dict]:
+    def _rollout(self, rows: list[dict], rollout_cfg: Any = None) -> list[dict]:
         from verl_agentic.rollout import AsyncRollout
 
         # Step-dependent sampling seeds: a resumed run samples exactly what an uninterrupted one would.
         seed = self.seed * 7919 + self.step
+        rollout_cfg = rollout_cfg or self.rollout_cfg
         if self.ray is not None:
-            return self.ray.rollout_rows(rows, seed, self.model.state_dict())
-        rollout = AsyncRollout(self.backend, self.rollout_cfg, task_configs=self.task_configs,
+            return self.ray.rollout_rows(rows, seed, self.model.state_dict(), rollout_cfg)
+        rollout = AsyncRollout(self.backend, rollout_cfg, task_configs=self.task_configs,
                                default_task_type=self.cfg.task_type, seed=seed, progress=False)
         return rollout.run_sync(rows)
+
+    def validate(self) -> dict[str, float]:
+        """Greedy episodes (n=1) on the held-out rows with the current weights: ``val/*`` metrics (see
+        :func:`validation_metrics`); the episodes go to ``validation/step_XXXXXX.jsonl``."""
+        from verl_agentic.rollout import write_jsonl
+
+        t0 = time.perf_counter()
+        trajs = self._rollout(self.val_rows, self.val_rollout_cfg)
+        rewards = self._rewards(trajs)
+        for t in trajs:
+            t["step"] = self.step
+        (self.out_dir / "validation").mkdir(exist_ok=True)
+        write_jsonl(self.out_dir / "validation" / f"step_{self.step:06d}.jsonl", trajs)
+        m = {"val/" + k: v for k, v in validation_metrics(trajs, rewards).items()}
+        m["timing/val_s"] = time.perf_counter() - t0
+        self._log(f"validation at step {self.step}: " + ", ".join(
+            f"{k[4:]} {v:.3f}" for k, v in m.items() if k.startswith("val/accuracy/") or k == "val/reward/mean"))
+        return m
+
+    def _validate_after_step(self) -> bool:
+        total = int(self.cfg.trainer.total_steps)
+        return bool(self.val_rows) and self.test_freq > 0 and (self.step % self.test_freq == 0 or self.step == total)
 
     def _rewards(self, trajs: list[dict]) -> list[Optional[float]]:
         if self.scorer_config is None:
@@ -519,6 +586,8 @@ class PPOTrainer:
         metrics["perf/update_tokens_per_s"] = tokens * int(self.cfg.actor.ppo_epochs) / max(timing["timing/update_s"], 1e-9)
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
+        if self._validate_after_step():
+            metrics.update(self.validate())
         self._write(metrics, trajs)
         del batch, data, trajs
         _release_memory()
@@ -622,7 +691,7 @@ class PPOTrainer:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"step": self.step, **clean}) + "\n")
-        if bool(self.cfg.trainer.save_rollouts):
+        if bool(self.cfg.trainer.save_rollouts) and trajs:
             from verl_agentic.rollout import write_jsonl
 
             (self.out_dir / "rollouts").mkdir(exist_ok=True)
@@ -645,6 +714,8 @@ class PPOTrainer:
         bar = tqdm(total=total, initial=self.step, desc="train", disable=self.quiet, file=sys.stderr,
                    dynamic_ncols=True)
         try:
+            if self.step == 0 and self.val_rows and bool(t.get("val_before_train", True)):
+                self._write(self.validate(), [])  # the base model: a step-0 row with val/* only
             while self.step < last:
                 m = self.train_step()
                 history.append(m)

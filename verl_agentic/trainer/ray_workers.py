@@ -49,10 +49,10 @@ class RolloutWorker:
     def backend_rng(self) -> Any:
         return self.backend._seed_rng.getstate()
 
-    def rollout(self, rows: list[dict], seed: int) -> list[dict]:
+    def rollout(self, rows: list[dict], seed: int, rollout_cfg: Any = None) -> list[dict]:
         from verl_agentic.rollout import AsyncRollout
 
-        r = AsyncRollout(self.backend, self.rollout_cfg, task_configs=self.task_configs,
+        r = AsyncRollout(self.backend, rollout_cfg or self.rollout_cfg, task_configs=self.task_configs,
                          default_task_type=self.default_task_type, seed=seed, progress=False)
         return r.run_sync(rows)
 
@@ -96,11 +96,11 @@ class RayWorkers:
         if trainer.scorer_config is not None:
             self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)
 
-    def rollout_rows(self, rows: list[dict], seed: int, state_dict: dict) -> list[dict]:
+    def rollout_rows(self, rows: list[dict], seed: int, state_dict: dict, rollout_cfg: Any = None) -> list[dict]:
         ray = self._ray
         weights = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
         ray.get(self.rollout.set_weights.remote(weights))
-        return ray.get(self.rollout.rollout.remote(rows, seed))
+        return ray.get(self.rollout.rollout.remote(rows, seed, rollout_cfg))
 
     def score(self, trajectories: list[dict]) -> None:
         results = self._ray.get(self.reward.score.remote(trajectories))

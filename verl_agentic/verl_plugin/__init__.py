@@ -6,7 +6,8 @@ Importing it registers verl_agentic's reward managers in verl's reward loop regi
 the settings under ``+reward.agentic.*``), and the ``task_agent`` agent loop in verl's agent-loop
 registry, which runs any verl_agentic task inside verl's rollout
 (``actor_rollout_ref.rollout.agent.default_agent_loop=task_agent``, settings under
-``+agentic.*``; see ``verl_plugin/agent_loop.py``).
+``+agentic.*``; see ``verl_plugin/agent_loop.py``), and the ``turn_loo`` advantage estimator in
+verl's ``core_algos`` registry (``algorithm.adv_estimator=turn_loo``; ``verl_plugin/turn_advantage.py``).
 
 verl imports every ``verl.plugins`` entry point inside ``import verl`` (in the driver and in
 every Ray worker) and swallows their errors at debug level; set
@@ -23,6 +24,7 @@ Keep this module small: it runs in every process that imports verl.
 
 from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
 from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)
+from verl_agentic.verl_plugin import turn_advantage  # noqa: F401  (registers the turn_loo advantage estimator)
 from verl_agentic.verl_plugin import cpu as _cpu
 
 if _cpu.cpu_mode_requested():
