@@ -3,7 +3,8 @@
 The learning-run example trains on these: the 135M embedded model gets some right already (it
 does not follow GSM8K's "####" instruction at all), so GRPO has signal from the first step on a
 2-core CPU. Rows are the gsm8k preprocessor's output (``PREPROCESS_DATASET["gsm8k"]``: ground
-truth, data_source, extra_info) with the instruction replaced by ``INSTRUCTION``.
+truth, extra_info) with the instruction replaced by ``INSTRUCTION`` and ``data_source:
+verl_agentic/easy_arith`` (until 2026-11-24 the rows said ``openai/gsm8k``: same scorer, same runs).
 
     python examples/learning_run/make_data.py            # -> examples/learning_run/easy_arith.jsonl
 """
@@ -49,6 +50,7 @@ def main() -> None:
     for i in range(args.n):
         raw = problem(rng)
         row = PREPROCESS_DATASET["gsm8k"](raw, i)
+        row["data_source"] = "verl_agentic/easy_arith"  # synthetic, not GSM8K (the gsm8k scorer scores it)
         row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{INSTRUCTION}"}]
         rows.append(row)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))

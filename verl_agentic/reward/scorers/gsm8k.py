@@ -1,6 +1,6 @@
 """GSM8K scorers.
 
-``gsm8k`` (aliases ``openai/gsm8k``): the answer is extracted as the gsm8k task does
+``gsm8k`` (aliases ``openai/gsm8k``, ``verl_agentic/word_problems``, ``verl_agentic/easy_arith``: the synthetic rows of examples/): the answer is extracted as the gsm8k task does
 (``method``: ``strict`` = the number after ``####``; ``flexible`` = that, else the last number).
 
 - right answer                                  -> ``score`` (default 1.0)
@@ -53,7 +53,7 @@ def _symbolic_equal(a: str, b: str) -> bool:
         return False
 
 
-@register_scorer("gsm8k", aliases=("openai/gsm8k",))
+@register_scorer("gsm8k", aliases=("openai/gsm8k", "verl_agentic/word_problems", "verl_agentic/easy_arith"))
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
                 method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
                 no_answer_score: float = 0.0) -> dict:
