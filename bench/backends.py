@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # va_vllm: the vLLM environment and server process
 
-from va_vllm import VLLMServer  # noqa: E402
+from va_vllm import add_bench_args, bench_server  # noqa: E402
 
 from verl_agentic.main_rollout import load_config, run  # noqa: E402
 from verl_agentic.models.embedded import embedded_model_dir  # noqa: E402
@@ -56,20 +56,13 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2)")
-    p.add_argument("--vllm-url", default=None, help="use this running server (serving --model) instead of starting one")
-    p.add_argument("--threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND for the started server")
+    add_bench_args(p)
     args = p.parse_args()
     args.model = args.model or str(embedded_model_dir(quiet=True))
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    server = None
-    url = args.vllm_url
     work = Path(tempfile.mkdtemp(prefix="bench-backends-"))
-    if url is None:
-        server = VLLMServer(args.model, work / "vllm.log", ("--dtype", "float32"),
-                            env={"VLLM_CPU_OMP_THREADS_BIND": args.threads_bind}).start()
-        url = server.url
-        print(f"vLLM server up in {server.start_s:.0f} s (log {server.log_path})", file=sys.stderr)
+    server, url = bench_server(args.model, args, work)
     rows_out = []
     try:
         for c in levels:

@@ -39,6 +39,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # va_vllm: the vLLM environment and server process
 
+from va_vllm import add_bench_args, bench_server  # noqa: E402
+
 from verl_agentic.backends.hf import HFBackend  # noqa: E402
 from verl_agentic.interfaces import SamplingParams  # noqa: E402
 from verl_agentic.models.embedded import embedded_model_dir  # noqa: E402
@@ -148,8 +150,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2)")
-    p.add_argument("--vllm-url", default=None, help="a running vLLM server serving --model")
-    p.add_argument("--threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND for the started server")
+    add_bench_args(p)
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     systems = args.systems.split(",")
@@ -167,14 +168,8 @@ def main() -> None:
     n_params = sum(t.numel() for t in model.parameters())
 
     server, url = None, args.vllm_url
-    if "vllm" in systems and url is None:
-        from va_vllm import VLLMServer
-
-        work = Path(tempfile.mkdtemp(prefix="bench-multiturn-"))
-        server = VLLMServer(model_dir, work / "vllm.log", ("--dtype", "float32"),
-                            env={"VLLM_CPU_OMP_THREADS_BIND": args.threads_bind}).start()
-        url = server.url
-        print(f"vLLM server up in {server.start_s:.0f} s (log {server.log_path})", file=sys.stderr)
+    if "vllm" in systems:
+        server, url = bench_server(model_dir, args, Path(tempfile.mkdtemp(prefix="bench-multiturn-")))
 
     results: list[dict] = []
     try:

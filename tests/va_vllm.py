@@ -9,10 +9,12 @@ date) and returns that environment's python. ``VLLMServer(model_dir, log_path)``
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -161,3 +163,21 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
+
+# ------------------------------------------------------------------ benches
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    """The options a bench uses to reach vLLM: ``--vllm-url`` (a running server) and ``--threads-bind``."""
+    parser.add_argument("--vllm-url", default=None, help="use this running server (serving --model) instead of starting one")
+    parser.add_argument("--threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND for the started server")
+
+
+def bench_server(model_dir: str, args: argparse.Namespace, work: Path) -> tuple[Optional[VLLMServer], str]:
+    """(the server started here or None, its URL): ``args.vllm_url`` when given, else a float32 server
+    for ``model_dir`` logging to ``work/vllm.log``. The caller stops a started server."""
+    if args.vllm_url:
+        return None, args.vllm_url
+    server = VLLMServer(model_dir, work / "vllm.log", ("--dtype", "float32"),
+                        env={"VLLM_CPU_OMP_THREADS_BIND": args.threads_bind}).start()
+    print(f"vLLM server up in {server.start_s:.0f} s (log {server.log_path})", file=sys.stderr)
+    return server, server.url
