@@ -267,6 +267,11 @@ def test_validation_before_training_and_every_k_steps(tiny_smol_dir, tmp_path):
     assert "val/answered" in series and not any(k.endswith("episodes") or "reward" in k for k in series)
 
 
+def test_a_negative_test_freq_is_a_clear_error(tiny_smol_dir, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.test_freq must be >= 0, got -1"):
+        _trainer(tiny_smol_dir, tmp_path, "data.val_path=data/gsm8k/test.jsonl", "trainer.test_freq=-1")
+
+
 def test_validation_metrics_are_rates_per_task():
     from verl_agentic.trainer.ppo import validation_metrics
 

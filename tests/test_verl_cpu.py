@@ -205,6 +205,7 @@ def test_launch_script_cpu_overrides_fit_verls_config():
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.trainer.device == "cpu"
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert cfg.reward.num_workers == 1  # verl's default 8 reward-loop actors cost ~3 GB on a 24 GB machine
     assert cfg.agentic.task.gsm8k.feedback == "verify" and cfg.reward.reward_manager.name == "agentic_naive"
 
 

@@ -62,9 +62,7 @@ def compute_turn_loo_advantage(token_level_rewards: torch.Tensor, response_mask:
     """verl's estimator signature: ``(advantages, returns)``, both ``[batch, response_length]``, zero
     outside ``response_mask``. ``config.gamma`` (default 1.0) discounts per turn. ``index`` groups the
     rows (one group per row when absent)."""
-    gamma = float(getattr(config, "gamma", 1.0) if config is not None else 1.0)
-    if config is not None and hasattr(config, "get"):
-        gamma = float(config.get("gamma", gamma))
+    gamma = float(config.get("gamma", 1.0) if hasattr(config, "get") else getattr(config, "gamma", 1.0))
     rewards = token_level_rewards.detach().float().cpu()
     mask = response_mask.detach().cpu()
     batch = rewards.shape[0]
