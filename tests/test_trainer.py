@@ -140,6 +140,68 @@ def test_estimators_train(tiny_smol_dir, tmp_path, estimator, extra):
         assert "actor/reward_kl_penalty" in m
 
 
+def test_losses_listed_as_zero_at_zero_advantage_are(tiny_smol_dir, tmp_path):
+    """The skip of all-zero-advantage rows is exact only for losses whose value and gradient vanish
+    there: each listed verl loss is checked, and kl_cov (not listed) is shown not to."""
+    from verl.trainer.ppo import core_algos
+
+    from verl_agentic.trainer.ppo import ZERO_AT_ZERO_ADVANTAGE, actor_config
+
+    base = _cfg(tiny_smol_dir, tmp_path)
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(4, 10, generator=gen) - 2
+    new = old + 0.3 * torch.randn(4, 10, generator=gen)
+    for name in (*ZERO_AT_ZERO_ADVANTAGE, "kl_cov"):
+        base.actor.policy_loss = name
+        cfg = actor_config(base)
+        cfg.global_batch_info.update(dp_size=1, batch_num_tokens=40.0, global_batch_size=4.0)
+        lp = new.clone().requires_grad_()
+        loss, _ = core_algos.get_policy_loss_fn(name)(old_log_prob=old, log_prob=lp, advantages=torch.zeros(4, 10),
+                                                      response_mask=torch.ones(4, 10), loss_agg_mode="token-mean",
+                                                      config=cfg)
+        loss.backward()
+        zero = float(loss.detach()) == 0.0 and float(lp.grad.abs().max()) == 0.0
+        assert zero == (name != "kl_cov"), name
+
+
+def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_smol_dir, tmp_path):
+    """Two updates (Adam keeps momentum) of the same batch: with rows of all-zero advantage left out,
+    and one mini-batch made only of such rows, the weights end where the full update puts them."""
+    kw = ("actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size=2")
+    skip = _trainer(tiny_smol_dir, tmp_path / "skip", *kw)
+    full = _trainer(tiny_smol_dir, tmp_path / "full", *kw, "actor.skip_zero_advantage=false")
+    try:
+        _, batch = _step_batch(skip)
+        assert batch.size == 6
+        adv = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1))
+        adv[[1, 3, 4, 5]] = 0.0  # mini-batch 1: rows 0, 2 live; mini-batch 2: none
+        batch.extra.update(advantages=adv * batch.response_mask, returns=torch.zeros_like(adv),
+                           old_log_probs=batch.rollout_log_probs.clone())
+        for a, b in zip(skip.model.parameters(), full.model.parameters()):
+            assert torch.equal(a, b)
+        for _ in range(2):
+            m_skip = skip._update(batch, measure_gap=False)
+            m_full = full._update(batch, measure_gap=False)
+        assert m_skip["actor/updated_rows"] == pytest.approx(2 / 6) and m_full["actor/updated_rows"] == 1.0
+        assert m_skip["actor/pg_loss"] == pytest.approx(m_full["actor/pg_loss"], rel=1e-5, abs=1e-7)
+        assert m_skip["actor/grad_norm"] == pytest.approx(m_full["actor/grad_norm"], rel=1e-4)
+        moved = 0
+        for (name, a), b, b0 in zip(skip.model.named_parameters(), full.model.parameters(),
+                                    _trainer_weights(tiny_smol_dir)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+            moved += not torch.equal(b, b0)
+        assert moved > 0, "the updates did not change the weights"
+    finally:
+        skip.close()
+        full.close()
+
+
+def _trainer_weights(model_dir: str) -> list[torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return [p.detach() for p in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).parameters()]
+
+
 def test_resume_continues_exactly(tiny_smol_dir, tmp_path):
     full = tmp_path / "full"
     tr = _trainer(tiny_smol_dir, full)

@@ -304,6 +304,13 @@ def test_verl_trains_on_cpu_steps_validation_and_checkpoints(verl_run):
     for step in (0, 2):
         assert "val-core/openai/gsm8k/acc/mean@1" in m[step]
         assert m[step]["val-aux/openai/gsm8k/turns/mean@1"] >= 1
+        # issue 16's held-out figures, as main_ppo's val/* (greedy, one episode a row)
+        for name in ("first_correct", "final_correct", "answered"):
+            assert 0.0 <= m[step][f"val-aux/openai/gsm8k/{name}/mean@1"] <= 1.0, name
+        for name in ("flips_wrong_to_right", "flips_right_to_wrong"):  # counts per episode
+            assert m[step][f"val-aux/openai/gsm8k/{name}/mean@1"] >= 0.0, name
+        assert m[step]["val-aux/openai/gsm8k/final_correct/mean@1"] >= m[step]["val-aux/openai/gsm8k/first_correct/mean@1"] - \
+            m[step]["val-aux/openai/gsm8k/flips_right_to_wrong/mean@1"] - 1e-9
     assert (verl_run.out / "checkpoints" / "global_step_2").is_dir() and verl_run.latest[0] == "2"
 
 

@@ -23,7 +23,7 @@ FINISH_LENGTH = "length"  # the token budget (rollout.max_total_tokens) ran out
 FINISH_MAX_TURNS = "max_turns"  # rollout.max_turns assistant turns were used
 FINISH_ERROR = "error"  # an exception ended the episode (see ``error``)
 
-# Typed failure kinds (DESIGN.md section 5). ``EpisodeError.type`` takes one of these.
+# Typed failure kinds (docs/rollouts.md, "Trajectories and token exactness"). ``EpisodeError.type`` takes one of these.
 ERROR_TYPES = (
     "timeout",  # the episode (or a turn) ran past its time limit
     "cancelled",  # the rollout was cancelled from outside while the episode ran

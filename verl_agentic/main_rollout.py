@@ -1,6 +1,6 @@
 """``python -m verl_agentic.main_rollout``: dataset -> multi-turn rollouts -> trajectories + summary.
 
-Writes ``trajectories.jsonl`` (one episode per line, DESIGN.md schema) and ``summary.json``
+Writes ``trajectories.jsonl`` (one episode per line, the schema in docs/rollouts.md) and ``summary.json``
 (per-task metrics, backend counters, token-exactness check) into ``output.dir``, and prints
 the per-task summary table. All keys: ``verl_agentic/config/rollout.yaml``.
 """

@@ -237,7 +237,7 @@ def _assistant_texts(traj: dict) -> list[str]:
 
 
 def item_from_trajectory(traj: dict, solution: str = "last_assistant", where: str = "trajectory") -> RewardItem:
-    """The RewardItem of a trajectory (DESIGN.md dump). Raises ConfigError naming the missing field."""
+    """The RewardItem of a trajectory (schema: docs/rollouts.md). Raises ConfigError naming the missing field."""
     if not isinstance(traj, dict):
         raise ConfigError(f"{where}: expected a trajectory dict, got {type(traj).__name__}")
     if "ground_truth" not in traj:

@@ -16,7 +16,7 @@ from verl_agentic.tasks.registry import TaskSpec, get_task
 
 @dataclass
 class RolloutConfig:
-    """The ``rollout.*`` config keys (see README)."""
+    """The ``rollout.*`` config keys (docs/rollouts.md; main_rollout's defaults: config/rollout.yaml)."""
 
     n: int = 1
     max_turns: int = 3

@@ -1,6 +1,6 @@
 """Trajectories: the dump schema, JSONL I/O, and the token-exactness (drift) check.
 
-A trajectory is a plain dict (one JSON line), see DESIGN.md section 4::
+A trajectory is a plain dict (one JSON line), see docs/rollouts.md ("Trajectories and token exactness")::
 
     {"uid", "task_type", "index", "sample_id", "data_source", "ground_truth", "extra_info",
      "prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages", "turns",

@@ -167,6 +167,11 @@ def _release_memory() -> None:
         pass
 
 
+# verl policy losses whose value and gradient are 0 for a token with advantage 0 (checked for each
+# by tests/test_trainer.py); kl_cov and dro add terms that are not, bypass_mode is left out
+ZERO_AT_ZERO_ADVANTAGE = ("vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "geo_mean", "cispo")
+
+
 def _chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
@@ -599,6 +604,19 @@ class PPOTrainer:
         metrics["actor/logprob_gap_mean"] = float(diff.sum() / max(n, 1.0))
         metrics["actor/logprob_gap_max"] = float(diff.max())
 
+    def _rows_with_gradient(self, batch: TrainBatch) -> list[bool]:
+        """Which rows the update must forward. A row whose advantages are all 0 adds nothing to the
+        policy-gradient loss or its gradient under the losses in ``ZERO_AT_ZERO_ADVANTAGE`` (GRPO's
+        all-wrong or all-right groups: most groups when rewards are sparse), so with
+        ``actor.skip_zero_advantage`` and no other loss term (entropy bonus, KL loss, critic) it is
+        not forwarded. The result is the same update (``tests/test_trainer.py`` compares weights)."""
+        a = self.cfg.actor
+        if (not bool(a.skip_zero_advantage) or float(a.entropy_coeff) or bool(a.use_kl_loss)
+                or self.value_head is not None or str(a.policy_loss) not in ZERO_AT_ZERO_ADVANTAGE):
+            return [True] * batch.size
+        adv = batch.extra["advantages"] * batch.response_mask
+        return (adv.abs().amax(-1) > 0).tolist()
+
     def _update(self, batch: TrainBatch, measure_gap: bool) -> dict[str, float]:
         core_algos, _, verl_F = _verl()
         a = self.cfg.actor
@@ -610,15 +628,19 @@ class PPOTrainer:
         weights: dict[str, float] = defaultdict(float)
         grad_norms, skipped = [], 0
         first = True
+        live = self._rows_with_gradient(batch)
         for _ in range(int(a.ppo_epochs)):
             for mini_idx in _chunks(batch.size, int(a.ppo_mini_batch_size)):
                 mini = batch.select(mini_idx)
+                # the loss is normalised by the whole mini-batch (verl's global_batch_info), so leaving
+                # out rows that give no gradient changes nothing but the time
                 gbi = {"dp_size": 1, "batch_num_tokens": float(mini.response_mask.sum()),
                        "global_batch_size": float((mini.response_mask.sum(-1) > 0).sum())}
                 self.actor_cfg.global_batch_info.clear()
                 self.actor_cfg.global_batch_info.update(gbi)
-                for micro_idx in _chunks(mini.size, int(a.ppo_micro_batch_size)):
-                    mb = mini.select(micro_idx)
+                rows = [j for j, i in enumerate(mini_idx) if live[i]]
+                for micro in _chunks(len(rows), int(a.ppo_micro_batch_size)):
+                    mb = mini.select([rows[j] for j in micro])
                     m = mb.response_mask
                     out = forward_batch(self.model, mb, self.temperature,
                                         entropy="grad" if entropy_coeff else "metric",
@@ -633,9 +655,8 @@ class PPOTrainer:
                         advantages=mb.extra["advantages"], response_mask=m, loss_agg_mode=mode,
                         config=self.actor_cfg)
                     loss = pg_loss
-                    entropy = core_algos.agg_loss(out.entropy, m, mode, **gbi)
                     if entropy_coeff:
-                        loss = loss - entropy_coeff * entropy
+                        loss = loss - entropy_coeff * core_algos.agg_loss(out.entropy, m, mode, **gbi)
                     if bool(a.use_kl_loss):
                         kld = core_algos.kl_penalty(out.log_probs, mb.extra["ref_log_prob"], str(a.kl_loss_type))
                         kl_loss = core_algos.agg_loss(kld, m, mode, **gbi)
@@ -653,13 +674,19 @@ class PPOTrainer:
                         weights["critic/vf_clipfrac"] += tok
                     loss.backward()
                     sums["actor/pg_loss"] += float(pg_loss.detach())
-                    sums["actor/entropy"] += float(entropy.detach())
                     tok = float(m.sum())
+                    # a token mean over the rows forwarded (all rows unless some were skipped)
+                    sums["actor/entropy"] += float(verl_F.masked_mean(out.entropy.detach(), m)) * tok
+                    weights["actor/entropy"] += tok
+                    sums["actor/updated_rows"] += float(m.shape[0])
                     for k, v in pg_metrics.items():
                         sums[k] += float(v) * tok
                         weights[k] += tok
-                if first and measure_gap:
+                if first and measure_gap and rows:
                     first = False
+                for p in params:  # a mini-batch with no live row still takes its (momentum) step
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
                 norm = torch.nn.utils.clip_grad_norm_(params, float(a.grad_clip))
                 if not torch.isfinite(norm):
                     skipped += 1
@@ -683,6 +710,7 @@ class PPOTrainer:
         if self.ref_model is not None:
             out["actor/kl_ref"] = float(verl_F.masked_mean(
                 batch.extra["old_log_probs"] - batch.extra["ref_log_prob"], batch.response_mask))
+        out["actor/updated_rows"] = sums["actor/updated_rows"] / (int(a.ppo_epochs) * batch.size)
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
         out["actor/skipped_updates"] = float(skipped)
         return out

@@ -205,7 +205,7 @@ def plain(value: Any) -> Any:
 # source in validation (``val-aux/<data_source>/<name>/mean@N``). 0.0 where the task does not
 # report the metric (e.g. ``first_correct`` for a tool task).
 EPISODE_METRICS = ("turns", "task_reward", "first_correct", "final_correct", "flips_wrong_to_right",
-                   "flips_right_to_wrong", "tool_calls", "tool_ok", "episode_error")
+                   "flips_right_to_wrong", "answered", "tool_calls", "tool_ok", "episode_error")
 
 
 def episode_metrics(agentic: Optional[dict]) -> dict[str, float]:
@@ -215,7 +215,7 @@ def episode_metrics(agentic: Optional[dict]) -> dict[str, float]:
     if not isinstance(agentic, dict):
         return out
     metrics = agentic.get("metrics") or {}
-    for key in ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_to_wrong"):
+    for key in ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_to_wrong", "answered"):
         value = metrics.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)

@@ -1,0 +1,277 @@
+"""Issue 16's experiments on the word problems: one command per run, committed evidence, the tables.
+
+    .venv/bin/python examples/word_problems/experiments.py list
+    .venv/bin/python examples/word_problems/experiments.py run ARM SEED [extra main_ppo overrides]
+    .venv/bin/python examples/word_problems/experiments.py summarize
+
+``run`` trains ``verl_agentic.main_ppo`` on ``train.jsonl`` with the arm's settings (``ARMS``), validating
+greedily on the 150 problems of ``heldout.jsonl`` before the first step and every ``test_freq`` steps,
+into ``outputs/word_problems/ARM/seedSEED``; then it copies the evidence into ``runs/ARM/seedSEED/``:
+``metrics.jsonl`` (every step, unchanged), ``final_validation.jsonl`` (the last validation's episodes:
+problem, number of operations, correctness, the answers' text) and ``run.json`` (the commit it ran at,
+the command, the wall time). ``summarize`` reads every committed run and writes ``runs/summary.json``,
+``runs/TABLES.md`` (the tables bench/RESULTS.md quotes) and ``runs/curves.png``;
+``tests/test_word_problems.py`` recomputes the summary and the tables from the committed runs.
+
+The held-out figures are greedy, one episode a problem, with the arm's own feedback and extraction
+(what a user of that configuration would get); ``base`` is the step-0 validation of the same run,
+i.e. the untrained model under the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+RUNS = HERE / "runs"
+RETRY = "That is not right. Try again. Answer with the number only."
+VERIFY = "Are you sure? Check your arithmetic. Answer with the number only."
+
+# What every arm shares: the data, the model, 2 assistant turns of at most 24 tokens, GRPO-shaped
+# batches (4 problems x 8 episodes), the optimiser, the validation schedule.
+COMMON = [
+    "task_type=gsm8k", "model.path=embedded",
+    f"data.path={HERE / 'train.jsonl'}", f"data.val_path={HERE / 'heldout.jsonl'}",
+    f"task.gsm8k.retry_message='{RETRY}'", f"task.gsm8k.verify_message='{VERIFY}'",
+    "rollout.n=8", "rollout.max_turns=2", "rollout.max_new_tokens=24", "rollout.max_total_tokens=512",
+    "rollout.temperature=0.7", "reward.manager=naive",
+    "actor.optim.lr=3e-5", "actor.optim.lr_warmup_steps=5", "actor.grad_clip=1.0",
+    "actor.ppo_mini_batch_size=32", "actor.ppo_micro_batch_size=16",
+    "trainer.batch_size=4", "trainer.total_steps=50", "trainer.test_freq=10",
+    "trainer.save_freq=0", "trainer.save_hf_model=false", "trainer.logger=[jsonl]",
+]
+
+# arm -> (what it is, its overrides on top of COMMON)
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "grpo_retry": ("GRPO, retry feedback, flexible extraction (the headline)",
+                   ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible"]),
+    "grpo_none": ("GRPO, no feedback (one turn)",
+                  ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=none", "task.gsm8k.extraction=flexible"]),
+    "grpo_verify": ("GRPO, verify feedback ('Are you sure?...')",
+                    ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=verify", "task.gsm8k.extraction=flexible"]),
+    "turn_loo_retry": ("turn_loo (turn-level leave-one-out), retry feedback",
+                       ["algorithm.adv_estimator=turn_loo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible"]),
+}
+
+# experiment -> (question, arms compared, seeds per arm)
+EXPERIMENTS: dict[str, tuple[str, list[str], int]] = {
+    "headline": ("GRPO with retry feedback: held-out greedy final accuracy >= base + 10 points, 3/3 seeds",
+                 ["grpo_retry"], 3),
+    "feedback": ("which feedback teaches more: none vs retry vs verify", ["grpo_none", "grpo_retry", "grpo_verify"], 2),
+    "credit": ("turn-level advantage vs episode-level GRPO", ["grpo_retry", "turn_loo_retry"], 2),
+}
+HEADLINE_GAIN = 0.10
+VAL_KEYS = ("val/accuracy/first_turn", "val/accuracy/final", "val/flip_rate/wrong_to_right",
+            "val/flip_rate/right_to_wrong", "val/answered")
+
+
+class InputError(Exception):
+    pass
+
+
+def command(arm: str, seed: int, out: Path, extra: list[str]) -> list[str]:
+    if arm not in ARMS:
+        raise InputError(f"unknown arm {arm!r}; the arms: {', '.join(ARMS)}")
+    return [sys.executable, "-m", "verl_agentic.main_ppo", *COMMON, *ARMS[arm][1], f"seed={seed}",
+            f"output.dir={out}", *extra]
+
+
+def _episode(t: dict) -> dict:
+    """A validation episode, cut to what the tables and a reader need."""
+    m = t.get("metrics") or {}
+    return {"index": t["index"], "ops": (t.get("extra_info") or {}).get("ops"), "ground_truth": t.get("ground_truth"),
+            **{k: m.get(k) for k in ("first_correct", "final_correct", "answered", "flips_wrong_to_right",
+                                     "flips_right_to_wrong")},
+            "answers": [msg["content"] for msg in t.get("messages") or [] if msg.get("role") == "assistant"]}
+
+
+def run(arm: str, seed: int, extra: list[str]) -> Path:
+    out = REPO / "outputs" / "word_problems" / arm / f"seed{seed}"
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = command(arm, seed, out, extra)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    # tracked files that differ from that commit while the run starts (the code that ran is the
+    # commit's when none is under verl_agentic/ or this folder)
+    dirty = [line[3:] for line in subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                                 capture_output=True, text=True).stdout.splitlines()]
+    print(f"[word_problems] {arm} seed {seed} at {commit}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, check=True, cwd=REPO)
+    wall = time.time() - t0
+    dest = RUNS / arm / f"seed{seed}"
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(out / "metrics.jsonl", dest / "metrics.jsonl")
+    last = sorted((out / "validation").glob("step_*.jsonl"))[-1]
+    episodes = [_episode(json.loads(line)) for line in last.read_text().splitlines()]
+    (dest / "final_validation.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    (dest / "run.json").write_text(json.dumps({
+        "arm": arm, "seed": seed, "commit": commit, "modified_files": dirty, "validation_file": last.name, "wall_s": round(wall, 1),
+        "command": ["python", *cmd[1:]]}, indent=1) + "\n")
+    print(f"[word_problems] {arm} seed {seed}: {wall / 60:.1f} min; evidence in {dest.relative_to(REPO)}")
+    return dest
+
+
+# ------------------------------------------------------------------------------------------------
+# the summary (recomputed by tests/test_word_problems.py from the committed runs)
+
+
+def read_run(folder: Path) -> dict:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    val = [r for r in rows if "val/accuracy/final" in r]
+    if not val or val[0]["step"] != 0:
+        raise InputError(f"{folder}: no step-0 validation in metrics.jsonl")
+    info = json.loads((folder / "run.json").read_text())
+    episodes = [json.loads(line) for line in (folder / "final_validation.jsonl").read_text().splitlines()]
+    return {"rows": rows, "val": val, "info": info, "episodes": episodes}
+
+
+def summarize_run(r: dict) -> dict:
+    base, end = r["val"][0], r["val"][-1]
+    train = [row for row in r["rows"] if "reward/mean" in row]
+    per_ops: dict[str, float] = {}
+    for k in sorted({e["ops"] for e in r["episodes"]}):
+        eps = [e for e in r["episodes"] if e["ops"] == k]
+        per_ops[f"ops={k}"] = sum(e["final_correct"] for e in eps) / len(eps)
+    out = {"steps": end["step"], "wall_min": r["info"]["wall_s"] / 60.0, "commit": r["info"]["commit"],
+           "train_min": sum(row.get("timing/step_s", 0.0) for row in train) / 60.0,
+           "base": {k: base[k] for k in VAL_KEYS}, "end": {k: end[k] for k in VAL_KEYS},
+           "end_final_per_ops": per_ops,
+           "curve": [[row["step"], row["val/accuracy/final"]] for row in r["val"]],
+           "train_reward_first5": _mean([row["reward/mean"] for row in train[:5]]),
+           "train_reward_last5": _mean([row["reward/mean"] for row in train[-5:]])}
+    out["gain_final"] = out["end"]["val/accuracy/final"] - out["base"]["val/accuracy/final"]
+    out["gain_first_turn"] = out["end"]["val/accuracy/first_turn"] - out["base"]["val/accuracy/first_turn"]
+    return out
+
+
+def _mean(xs: list[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(runs_dir: Path = RUNS) -> dict:
+    arms: dict[str, dict] = {}
+    for arm_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []:
+        seeds = {p.name: summarize_run(read_run(p)) for p in sorted(arm_dir.iterdir()) if (p / "run.json").is_file()}
+        if seeds:
+            arms[arm_dir.name] = seeds
+    experiments = {}
+    for name, (question, arm_names, n_seeds) in EXPERIMENTS.items():
+        have = {a: arms.get(a, {}) for a in arm_names}
+        rows = {}
+        for a, seeds in have.items():
+            if not seeds:
+                continue
+            pick = dict(sorted(seeds.items())[:n_seeds]) if name != "headline" else seeds
+            rows[a] = {"seeds": sorted(pick), **{
+                key: _mean([s[part][k] for s in pick.values()])
+                for key, (part, k) in {"base_final": ("base", "val/accuracy/final"),
+                                       "end_first_turn": ("end", "val/accuracy/first_turn"),
+                                       "end_final": ("end", "val/accuracy/final"),
+                                       "end_wrong_to_right": ("end", "val/flip_rate/wrong_to_right"),
+                                       "end_answered": ("end", "val/answered")}.items()},
+                       "gain_final": _mean([s["gain_final"] for s in pick.values()]),
+                       "gain_first_turn": _mean([s["gain_first_turn"] for s in pick.values()])}
+        complete = all(len(have[a]) >= n_seeds for a in arm_names)
+        experiments[name] = {"question": question, "complete": complete, "arms": rows}
+    head = arms.get("grpo_retry", {})
+    experiments["headline"]["holds"] = {
+        seed: s["gain_final"] >= HEADLINE_GAIN - 1e-9
+        and s["end"]["val/flip_rate/wrong_to_right"] > s["base"]["val/flip_rate/wrong_to_right"]
+        for seed, s in sorted(head.items())}
+    return {"arms": arms, "experiments": experiments}
+
+
+def tables(summary: dict) -> str:
+    """The markdown bench/RESULTS.md quotes: one table per run, one per experiment."""
+    lines = ["### Every run (held-out, greedy, 150 problems: base = the run's step-0 validation)", "",
+             "| arm | seed | steps | wall min | base final | final | gain | first-turn | wrong->right | answered | "
+             "final 1 / 2 / 3 ops | commit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, seeds in summary["arms"].items():
+        for seed, s in seeds.items():
+            ops = " / ".join(f"{v:.2f}" for v in s["end_final_per_ops"].values())
+            lines.append(f"| {arm} | {seed.removeprefix('seed')} | {s['steps']} | {s['wall_min']:.1f} | "
+                         f"{s['base']['val/accuracy/final']:.3f} | {s['end']['val/accuracy/final']:.3f} | "
+                         f"{s['gain_final']:+.3f} | {s['end']['val/accuracy/first_turn']:.3f} | "
+                         f"{s['end']['val/flip_rate/wrong_to_right']:.3f} | {s['end']['val/answered']:.3f} | {ops} | "
+                         f"{s['commit']} |")
+    for name, e in summary["experiments"].items():
+        state = "" if e["complete"] else " (incomplete: not every arm has its seeds yet)"
+        lines += ["", f"### {name}: {e['question']}{state}", "",
+                  "| arm | seeds | base final | final | gain | first-turn | wrong->right | answered |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for arm, r in e["arms"].items():
+            lines.append(f"| {arm} | {len(r['seeds'])} | {r['base_final']:.3f} | {r['end_final']:.3f} | "
+                         f"{r['gain_final']:+.3f} | {r['end_first_turn']:.3f} | {r['end_wrong_to_right']:.3f} | "
+                         f"{r['end_answered']:.3f} |")
+        if name == "headline":
+            held = e["holds"]
+            lines += ["", f"Headline (gain >= {HEADLINE_GAIN:.2f} and more wrong->right flips than the base): "
+                      f"holds in {sum(held.values())}/{len(held)} seeds"
+                      + (f" ({', '.join(f'{k}: {v}' for k, v in held.items())})" if held else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (arm, seeds) in enumerate(summary["arms"].items()):
+        for j, (seed, s) in enumerate(seeds.items()):
+            xs, ys = zip(*s["curve"])
+            ax.plot(xs, ys, marker="o", color=f"C{i}", alpha=0.8, label=arm if j == 0 else None)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out final accuracy (greedy)")
+    ax.set_title("word problems, SmolLM2-135M, 2-core CPU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the arms and experiments")
+    r = sub.add_parser("run", help="train one arm with one seed and commit-ready evidence")
+    r.add_argument("arm")
+    r.add_argument("seed", type=int)
+    r.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
+    sub.add_parser("summarize", help="runs/summary.json, runs/TABLES.md, runs/curves.png")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for arm, (about, overrides) in ARMS.items():
+                print(f"{arm}: {about}\n    {' '.join(overrides)}")
+            for name, (question, arms, seeds) in EXPERIMENTS.items():
+                print(f"experiment {name}: {question} ({', '.join(arms)}; {seeds} seeds)")
+        elif args.cmd == "run":
+            run(args.arm, args.seed, args.extra)
+        else:
+            summary = summarize()
+            (RUNS / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            (RUNS / "TABLES.md").write_text(tables(summary))
+            plot(summary, RUNS / "curves.png")
+            print(tables(summary))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
