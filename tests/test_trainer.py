@@ -122,6 +122,7 @@ def test_rollout_logprobs_match_trainer_recompute(tiny_smol_dir, tmp_path):
     ("reinforce_plus_plus", ("actor.loss_agg_mode=seq-mean-token-mean", "algorithm.use_kl_in_reward=true")),
     ("gae", ("actor.use_kl_loss=true", "actor.dtype=bfloat16")),
     ("turn_loo", ()),
+    ("turn_loo", ("algorithm.turn_rewards=true", "algorithm.gamma=0.9")),
 ])
 def test_estimators_train(tiny_smol_dir, tmp_path, estimator, extra):
     tr = _trainer(tiny_smol_dir, tmp_path, f"algorithm.adv_estimator={estimator}", "trainer.total_steps=1", *extra)

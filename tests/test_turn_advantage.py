@@ -156,3 +156,38 @@ def test_verl_runs_it_by_name():
     want, _ = compute_turn_loo_advantage(data.batch["token_level_rewards"], mask, index=["g", "g", "g"])
     assert torch.equal(out.batch["advantages"], want)
     assert float(want[0, 0]) == pytest.approx(1.0 - 0.0)  # turn 1 of episode 0 vs the mean of 0 and 0
+
+
+def test_the_trainer_batch_puts_each_turns_reward_on_its_last_token():
+    """``algorithm.turn_rewards``: ``build_batch`` keeps the tasks' per-turn rewards (``turns[k].reward``)
+    on each earlier assistant turn's last token, the episode's score on the last one; turn_loo with
+    gamma then discounts a late success, and without the option only the outcome is there."""
+    from verl_agentic.trainer.batch import build_batch
+
+    def traj(turn_lens: list[int], turn_rewards: list[float]) -> dict:
+        ids, mask, turns = [], [], []
+        for k, (n, r) in enumerate(zip(turn_lens, turn_rewards)):
+            if k:  # two feedback tokens between turns
+                turns.append({"role": "user", "start": len(ids), "end": len(ids) + 2, "text": "no"})
+                ids += [7, 7]
+                mask += [0, 0]
+            turns.append({"role": "assistant", "start": len(ids), "end": len(ids) + n, "text": "x", "reward": r})
+            ids += [5] * n
+            mask += [1] * n
+        return {"prompt_ids": [1, 2], "response_ids": ids, "response_mask": mask,
+                "response_logprobs": [-0.1 if m else None for m in mask], "turns": turns}
+
+    # the first answer earns 0.5 (say, partial credit), the second 1; one episode right at once
+    trajs = [traj([3, 2], [0.5, 1.0]), traj([4], [1.0])]
+    per_turn = build_batch(trajs, [1.0, 1.0], pad_id=0, uids=["g", "g"], turn_rewards=True)
+    scores = per_turn.token_level_scores()
+    assert scores[0].tolist() == [0, 0, 0.5, 0, 0, 0, 1.0] and scores[1].tolist() == [0, 0, 0, 1.0, 0, 0, 0]
+    outcome = build_batch(trajs, [1.0, 1.0], pad_id=0, uids=["g", "g"]).token_level_scores()
+    assert outcome[0].tolist() == [0, 0, 0, 0, 0, 0, 1.0]
+    adv, ret = compute_turn_loo_advantage(scores, per_turn.response_mask, index=["g", "g"], config={"gamma": 0.5})
+    # episode 0: G = (0.5 + 0.5 * 1, 1) = (1.0, 1.0); episode 1: G = 1.0; turn 1 of each is judged against the other
+    assert ret[0].tolist() == [1.0, 1.0, 1.0, 0, 0, 1.0, 1.0] and ret[1, :4].tolist() == [1.0] * 4
+    adv_outcome, ret_outcome = compute_turn_loo_advantage(outcome, per_turn.response_mask, index=["g", "g"],
+                                                          config={"gamma": 0.5})
+    assert ret_outcome[0, :3].tolist() == [0.5] * 3  # the late success, discounted once
+    assert adv_outcome[0, 0] == pytest.approx(-0.5) and adv[0, 0] == pytest.approx(0.0)

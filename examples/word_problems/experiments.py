@@ -39,7 +39,7 @@ VERIFY = "Are you sure? Check your arithmetic. Answer with the number only."
 # batches (4 problems x 8 episodes), the optimiser, the validation schedule.
 COMMON = [
     "task_type=gsm8k", "model.path=embedded",
-    f"data.path={HERE / 'train.jsonl'}", f"data.val_path={HERE / 'heldout.jsonl'}",
+    "data.path=examples/word_problems/train.jsonl", "data.val_path=examples/word_problems/heldout.jsonl",
     f"task.gsm8k.retry_message='{RETRY}'", f"task.gsm8k.verify_message='{VERIFY}'",
     "rollout.n=8", "rollout.max_turns=2", "rollout.max_new_tokens=24", "rollout.max_total_tokens=512",
     "rollout.temperature=0.7", "reward.manager=naive",

@@ -41,12 +41,15 @@ class TrainBatch:
         return int(self.responses.shape[1])
 
     def token_level_scores(self) -> torch.Tensor:
-        """The sequence reward on each episode's last generated token (zeros elsewhere)."""
+        """The sequence reward on each episode's last generated token (zeros elsewhere), plus the
+        earlier turns' rewards on their last tokens when the batch was built with ``turn_rewards``."""
         out = torch.zeros_like(self.response_mask)
         has = self.response_mask.sum(-1) > 0
         last = (self.response_mask * torch.arange(self.response_len, dtype=out.dtype)).argmax(-1)
         rows = torch.nonzero(has).flatten()
         out[rows, last[rows]] = self.scores[rows].to(out.dtype)
+        if "turn_scores" in self.extra:
+            out = out + self.extra["turn_scores"]
         return out
 
     def select(self, idx: Sequence[int] | torch.Tensor) -> "TrainBatch":
@@ -73,8 +76,13 @@ def _last_nonpad(mask: torch.Tensor) -> int:
 
 
 def build_batch(trajectories: Sequence[dict], scores: Sequence[float], pad_id: int,
-                uids: Optional[Sequence[str]] = None) -> TrainBatch:
+                uids: Optional[Sequence[str]] = None, turn_rewards: bool = False) -> TrainBatch:
     """Pad ``trajectories`` into a :class:`TrainBatch`; ``scores[i]`` is episode i's reward.
+
+    ``turn_rewards``: also keep each assistant turn's own reward (the task's ``turn_reward``) on that
+    turn's last token, for every assistant turn but the last, whose token carries the episode's score
+    (``extra["turn_scores"]``, added by :meth:`TrainBatch.token_level_scores`). A turn-level estimator
+    (``turn_loo``) then sees rewards per turn; an episode-level one sees their sum.
 
     Raises ValueError naming the episode when its mask or logprobs do not line up with its
     response ids (a trajectory that would train on the wrong tokens).
@@ -106,12 +114,20 @@ def build_batch(trajectories: Sequence[dict], scores: Sequence[float], pad_id: i
             lp = [x if (x is not None and m) else 0.0 for x, m in zip(t["response_logprobs"], t["response_mask"])]
             logprobs[i, :len(resp)] = torch.tensor(lp, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    extra = {}
+    if turn_rewards:
+        turn_scores = torch.zeros((b, r), dtype=torch.float32)
+        for i, t in enumerate(trajectories):
+            spoken = [u for u in t.get("turns") or () if u.get("role") == "assistant" and u["end"] > u["start"]]
+            for u in spoken[:-1]:
+                turn_scores[i, u["end"] - 1] += float(u.get("reward") or 0.0)
+        extra["turn_scores"] = turn_scores
     group = uids if uids is not None else [f"{t.get('uid')}#{t.get('index')}" for t in trajectories]
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention, position_ids=position_ids, responses=input_ids[:, p:],
         response_mask=resp_mask, rollout_log_probs=logprobs,
         scores=torch.tensor([float(s) for s in scores], dtype=torch.float32),
-        uids=np.array(list(group), dtype=object), prompt_len=p,
+        uids=np.array(list(group), dtype=object), prompt_len=p, extra=extra,
     )
 
 

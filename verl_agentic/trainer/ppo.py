@@ -533,7 +533,7 @@ class PPOTrainer:
         if not train:
             raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
         batch = build_batch([t for t, _ in train], [r for _, r in train], self.pad_id,
-                            uids=[t["group"] for t, _ in train])
+                            uids=[t["group"] for t, _ in train], turn_rewards=bool(self.cfg.algorithm.turn_rewards))
         mask = batch.response_mask
 
         t0 = time.perf_counter()
