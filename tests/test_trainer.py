@@ -203,6 +203,25 @@ def _trainer_weights(model_dir: str) -> list[torch.Tensor]:
     return [p.detach() for p in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).parameters()]
 
 
+def test_cosine_lr_decays_to_its_floor_at_the_last_step(tiny_smol_dir, tmp_path):
+    """lr_scheduler_type=cosine: warm-up, then verl's cosine down to min_lr_ratio * lr at the last
+    optimizer step of trainer.total_steps (3 steps x 6 episodes / mini-batch 3 = 6 optimizer steps)."""
+    tr = _trainer(tiny_smol_dir, tmp_path, "actor.optim.lr_scheduler_type=cosine", "actor.optim.min_lr_ratio=0.1",
+                  "actor.optim.lr_warmup_steps=2", "actor.ppo_mini_batch_size=3")
+    try:
+        lrs = []  # the lr each of the 6 optimizer steps uses
+        for _ in range(6):
+            lrs.append(tr.optimizer.param_groups[0]["lr"])
+            tr.optimizer.step()
+            tr.scheduler.step()
+        assert lrs[0] == pytest.approx(0.5e-3) and lrs[1] == pytest.approx(1e-3)  # warm-up: (s + 1) / 2
+        assert all(a > b for a, b in zip(lrs[1:], lrs[2:])) and lrs[-1] == pytest.approx(1e-4)
+    finally:
+        tr.close()
+    with pytest.raises(ConfigError, match="unknown actor.optim.lr_scheduler_type 'linear'; choose constant or cosine"):
+        _trainer(tiny_smol_dir, tmp_path, "actor.optim.lr_scheduler_type=linear")
+
+
 def test_resume_continues_exactly(tiny_smol_dir, tmp_path):
     full = tmp_path / "full"
     tr = _trainer(tiny_smol_dir, full)

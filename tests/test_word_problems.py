@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "word_problems"
 
@@ -70,3 +72,35 @@ def test_the_committed_base_table_is_what_the_committed_episodes_say():
     assert len(sampled) == 150 * committed["samples_at_t1"]
     heldout_ops = {r["extra_info"]["index"]: r["extra_info"]["ops"] for r in _rows("heldout")}
     assert all(e["ops"] == heldout_ops[e["index"]] for e in episodes)
+
+
+def test_the_committed_experiment_tables_are_what_the_committed_runs_say():
+    """runs/summary.json, runs/TABLES.md and the tables bench/RESULTS.md quotes are recomputed from every
+    committed run's metrics.jsonl, final_validation.jsonl and run.json."""
+    exp = _load("experiments")
+    runs = EXAMPLE / "runs"
+    summary = exp.summarize(runs)
+    assert summary["arms"], "no committed runs"
+    assert json.loads((runs / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    text = exp.tables(summary)
+    assert (runs / "TABLES.md").read_text() == text
+    assert text in (ROOT / "bench" / "RESULTS.md").read_text(), "bench/RESULTS.md does not quote runs/TABLES.md"
+    for arm, seeds in summary["arms"].items():
+        for seed, s in seeds.items():
+            info = json.loads((runs / arm / seed / "run.json").read_text())
+            assert info["arm"] == arm and f"seed{info['seed']}" == seed and info["commit"]
+            # every arm setting is in the command the run recorded
+            assert all(o in info["command"] for o in exp.ARMS[arm][1]), (arm, seed)
+            # the final validation's episodes give the metrics row's final accuracy
+            eps = [json.loads(x) for x in (runs / arm / seed / "final_validation.jsonl").read_text().splitlines()]
+            assert len(eps) == 150
+            assert sum(e["final_correct"] for e in eps) / 150 == pytest.approx(s["end"]["val/accuracy/final"])
+
+
+def test_experiments_reject_an_unknown_arm_and_a_run_without_a_base(tmp_path):
+    exp = _load("experiments")
+    with pytest.raises(exp.InputError, match="unknown arm 'grpo'; the arms: grpo_retry, "):
+        exp.command("grpo", 0, tmp_path, [])
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "val/accuracy/final": 0.2}) + "\n")
+    with pytest.raises(exp.InputError, match="no step-0 validation"):
+        exp.read_run(tmp_path)

@@ -341,9 +341,7 @@ class PPOTrainer:
             torch.nn.init.zeros_(self.value_head.bias)
             groups.append({"params": list(self.value_head.parameters()), "lr": float(cfg.critic.lr)})
         self.optimizer = torch.optim.AdamW(groups, betas=tuple(a.optim.betas), weight_decay=float(a.optim.weight_decay))
-        warmup = int(a.optim.lr_warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        self.scheduler = self._lr_schedule()
         core_algos, _, _ = _verl()
         self.kl_ctrl = core_algos.get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
 
@@ -603,6 +601,28 @@ class PPOTrainer:
         n = float(mask.sum())
         metrics["actor/logprob_gap_mean"] = float(diff.sum() / max(n, 1.0))
         metrics["actor/logprob_gap_max"] = float(diff.max())
+
+    def _lr_schedule(self) -> torch.optim.lr_scheduler.LambdaLR:
+        """``actor.optim.lr_scheduler_type``: ``constant`` (after ``lr_warmup_steps`` of linear warm-up)
+        or ``cosine`` (verl's, decaying to ``min_lr_ratio`` x lr at the last optimizer step of
+        ``trainer.total_steps``, counted as full batches of ``batch_size * rollout.n`` episodes)."""
+        _, _, verl_F = _verl()
+        a, cfg = self.cfg.actor, self.cfg
+        warmup = int(a.optim.lr_warmup_steps)
+        kind = str(a.optim.lr_scheduler_type)
+        if kind == "constant":
+            return torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        if kind == "cosine":
+            per_step = int(a.ppo_epochs) * math.ceil(
+                int(cfg.trainer.batch_size) * int(cfg.rollout.n) / int(a.ppo_mini_batch_size))
+            ratio = float(a.optim.min_lr_ratio)
+            if not 0.0 <= ratio <= 1.0:
+                raise ConfigError(f"actor.optim.min_lr_ratio must be in [0, 1], got {ratio}")
+            return verl_F.get_cosine_schedule_with_warmup(
+                self.optimizer, num_warmup_steps=warmup, num_training_steps=int(cfg.trainer.total_steps) * per_step,
+                min_lr_ratio=ratio, zero_indexed_step=False)
+        raise ConfigError(f"unknown actor.optim.lr_scheduler_type {kind!r}; choose constant or cosine")
 
     def _rows_with_gradient(self, batch: TrainBatch) -> list[bool]:
         """Which rows the update must forward. A row whose advantages are all 0 adds nothing to the
