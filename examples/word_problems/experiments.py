@@ -62,6 +62,11 @@ ARMS: dict[str, tuple[str, list[str]]] = {
                          ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible",
                           "trainer.batch_size=8", "trainer.total_steps=30", "actor.ppo_mini_batch_size=64",
                           "actor.optim.lr_scheduler_type=cosine", "actor.optim.min_lr_ratio=0.1"]),
+    "turn_loo_retry_b8cos": ("turn_loo, retry feedback, with grpo_retry_b8cos's batches and schedule",
+                             ["algorithm.adv_estimator=turn_loo", "task.gsm8k.feedback=retry",
+                              "task.gsm8k.extraction=flexible", "trainer.batch_size=8", "trainer.total_steps=30",
+                              "actor.ppo_mini_batch_size=64", "actor.optim.lr_scheduler_type=cosine",
+                              "actor.optim.min_lr_ratio=0.1"]),
     "turn_loo_retry": ("turn_loo (turn-level leave-one-out), retry feedback",
                        ["algorithm.adv_estimator=turn_loo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible"]),
 }

@@ -731,6 +731,7 @@ class PPOTrainer:
             out["actor/kl_ref"] = float(verl_F.masked_mean(
                 batch.extra["old_log_probs"] - batch.extra["ref_log_prob"], batch.response_mask))
         out["actor/updated_rows"] = sums["actor/updated_rows"] / (int(a.ppo_epochs) * batch.size)
+        out.setdefault("actor/pg_loss", 0.0)  # every row skipped: the loss is exactly 0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
         out["actor/skipped_updates"] = float(skipped)
         return out
