@@ -298,11 +298,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             run(args.arm, args.seed, args.extra)
         else:
             summary = summarize()
+            text = tables(summary)
             (RUNS / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-            (RUNS / "TABLES.md").write_text(tables(summary))
-            quote_in_results(tables(summary))
+            (RUNS / "TABLES.md").write_text(text)
+            quote_in_results(text)
             plot(summary, RUNS / "curves.png")
-            print(tables(summary))
+            print(text)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
