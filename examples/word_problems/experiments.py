@@ -49,26 +49,32 @@ COMMON = [
     "trainer.save_freq=0", "trainer.save_hf_model=false", "trainer.logger=[jsonl]",
 ]
 
+# 8 problems a step (one Adam step on all 64 episodes), 30 steps, lr cosine-decayed to 0.1x: less noise per
+# update than the 4-problem, 50-step default, with the same episodes +20%
+B8COS = ["trainer.batch_size=8", "trainer.total_steps=30", "actor.ppo_mini_batch_size=64",
+         "actor.optim.lr_scheduler_type=cosine", "actor.optim.min_lr_ratio=0.1"]
+
+
+def _arm(estimator: str, feedback: str, extraction: str = "flexible", schedule: list[str] = ()) -> list[str]:
+    return [f"algorithm.adv_estimator={estimator}", f"task.gsm8k.feedback={feedback}",
+            f"task.gsm8k.extraction={extraction}", *schedule]
+
+
 # arm -> (what it is, its overrides on top of COMMON)
 ARMS: dict[str, tuple[str, list[str]]] = {
-    "grpo_retry": ("GRPO, retry feedback, flexible extraction (the headline)",
-                   ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible"]),
-    "grpo_none": ("GRPO, no feedback (one turn)",
-                  ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=none", "task.gsm8k.extraction=flexible"]),
-    "grpo_verify": ("GRPO, verify feedback ('Are you sure?...')",
-                    ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=verify", "task.gsm8k.extraction=flexible"]),
+    "grpo_retry": ("GRPO, retry feedback, flexible extraction (the headline)", _arm("grpo", "retry")),
+    "grpo_none": ("GRPO, no feedback (one turn)", _arm("grpo", "none")),
+    "grpo_verify": ("GRPO, verify feedback ('Are you sure?...')", _arm("grpo", "verify")),
     "grpo_retry_b8cos": ("GRPO, retry feedback: 8 problems a step (one Adam step on all 64 episodes), 30 steps, "
                          "lr cosine-decayed to 0.1x (less noise per update than grpo_retry, same episodes +20%)",
-                         ["algorithm.adv_estimator=grpo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible",
-                          "trainer.batch_size=8", "trainer.total_steps=30", "actor.ppo_mini_batch_size=64",
-                          "actor.optim.lr_scheduler_type=cosine", "actor.optim.min_lr_ratio=0.1"]),
+                         _arm("grpo", "retry", schedule=B8COS)),
     "turn_loo_retry_b8cos": ("turn_loo, retry feedback, with grpo_retry_b8cos's batches and schedule",
-                             ["algorithm.adv_estimator=turn_loo", "task.gsm8k.feedback=retry",
-                              "task.gsm8k.extraction=flexible", "trainer.batch_size=8", "trainer.total_steps=30",
-                              "actor.ppo_mini_batch_size=64", "actor.optim.lr_scheduler_type=cosine",
-                              "actor.optim.min_lr_ratio=0.1"]),
-    "turn_loo_retry": ("turn_loo (turn-level leave-one-out), retry feedback",
-                       ["algorithm.adv_estimator=turn_loo", "task.gsm8k.feedback=retry", "task.gsm8k.extraction=flexible"]),
+                             _arm("turn_loo", "retry", schedule=B8COS)),
+    "turn_loo_none_b8cos": ("turn_loo, no feedback (one turn), with the b8cos batches and schedule",
+                            _arm("turn_loo", "none", schedule=B8COS)),
+    "turn_loo_verify_b8cos": ("turn_loo, verify feedback, with the b8cos batches and schedule",
+                              _arm("turn_loo", "verify", schedule=B8COS)),
+    "turn_loo_retry": ("turn_loo (turn-level leave-one-out), retry feedback", _arm("turn_loo", "retry")),
 }
 
 # experiment -> (question, arms compared, seeds per arm)
