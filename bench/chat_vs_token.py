@@ -61,7 +61,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     import verl_agentic.tasks  # noqa: F401 - the built-in tasks
-    from verl_agentic.agentic_utils import load_rows
+    from verl_agentic.tasks.data import load_rows
     from verl_agentic.main_rollout import load_config, make_backend, resolve_data_path, rollout_config
     from verl_agentic.rollout import AsyncRollout
     from verl_agentic.rollout.chat_loop import openai_chat_agent_loop

@@ -108,7 +108,7 @@ async def main() -> None:
     print("$ " + shlex.join([".venv/bin/python", "bench/" + Path(__file__).name, *sys.argv[1:]]), flush=True)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     import verl_agentic.tasks  # noqa: F401 - registers gsm8k and its dataset preprocessor
-    from verl_agentic.agentic_utils import load_rows
+    from verl_agentic.tasks.data import load_rows
 
     data = load_rows(REPO / "data" / "gsm8k" / "test.jsonl", "gsm8k", args.episodes)
     rows = [data[i % len(data)] for i in range(args.episodes)]

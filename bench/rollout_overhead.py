@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from verl_agentic.agentic_utils import load_rows
+from verl_agentic.tasks.data import load_rows
 from verl_agentic.backends.hf import HFBackend
 from verl_agentic.interfaces import SamplingParams
 from verl_agentic.rollout import AsyncRollout, ChatTemplate, RolloutConfig

@@ -4,7 +4,7 @@ from collections import Counter
 
 from verl_agentic.agentic_utils import load_rows
 from verl_agentic.backends.hf import HFBackend
-from verl_agentic.interactions.builtin import DEFAULT_VERIFY
+from verl_agentic.tasks.gsm8k.interactions import DEFAULT_VERIFY
 from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
 
 from va_testing import GSM8K_TEST

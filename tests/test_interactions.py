@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from verl_agentic.interactions import BaseInteraction, load_interactions, register_interaction
-from verl_agentic.interactions.builtin import DEFAULT_VERIFY, CodeVerifyInteraction, Gsm8kInteraction
+from verl_agentic.tasks.gsm8k.interactions import DEFAULT_VERIFY, CodeVerifyInteraction, Gsm8kInteraction
 from verl_agentic.interfaces import ConfigError
 
 
@@ -46,7 +46,7 @@ async def test_instance_ids_are_unique_under_concurrency():
 def test_registry_names_defaults_duplicates_and_unknown():
     got = load_interactions({"interaction": [
         {"class_name": "gsm8k"},  # name generated: "gsm8k"
-        {"class_name": "verl_agentic.interactions.builtin.CodeVerifyInteraction"},  # -> "code_verify"
+        {"class_name": "verl_agentic.tasks.gsm8k.interactions.CodeVerifyInteraction"},  # -> "code_verify"
         {"name": "verify3", "class_name": "code_verify", "config": {"max_rounds": 3}},
     ]})
     assert got.names() == ["code_verify", "gsm8k", "verify3"]

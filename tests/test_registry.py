@@ -111,3 +111,74 @@ def test_generic_registry_errors():
     with pytest.raises(ConfigError, match="unknown widget 'b'; registered: a"):
         reg["b"]
     assert list(reg) == ["a"] and len(reg) == 1 and "a" in reg
+
+
+def test_builtins_are_found_through_entry_points_from_a_lower_layer():
+    """A process that imports only the reward and interaction registries still finds gsm8k's scorer
+    and interactions: the registries import the task's folder through its entry points."""
+    code = ("import sys\n"
+            "from verl_agentic.reward.scorers import SCORERS\n"
+            "from verl_agentic.interactions.registry import load_interactions\n"
+            "print('before', 'verl_agentic.tasks.gsm8k' in sys.modules)\n"
+            "print('scorer', SCORERS.source('openai/gsm8k'))\n"
+            "print('interaction', type(load_interactions('code_verify').by_name['code_verify']).__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "before False" in out
+    assert "scorer verl_agentic.tasks.gsm8k.scorer.gsm8k_score" in out
+    assert "interaction verl_agentic.tasks.gsm8k.interactions" in out
+
+
+def test_a_registry_of_modules_only_ignores_entry_point_objects(tmp_path):
+    """The data registries share the tasks' entry-point group: a task object there is not a prompt generator."""
+    pkg = tmp_path / "objplugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("OBJ = object()\n")
+    dist = tmp_path / "objplugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: objplugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[va_test_group]\nthing = objplugin:OBJ\n")
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from verl_agentic.registry import Registry\n"
+            "print(Registry('a', 'va_test_group').names(), Registry('b', 'va_test_group', modules_only=True).names())\n"
+            ) % str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['thing'] []"
+
+
+def test_preprocess_row_uses_the_task_prompt_generator_and_the_defaults():
+    from verl_agentic.tasks.data import DatasetError, preprocess_row
+    from verl_agentic.tasks.gsm8k import gsm8k_prompt
+
+    raw = {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}
+    row = preprocess_row(raw, 7, "gsm8k")  # gsm8k's preprocessor leaves the prompt to gsm8k_prompt
+    assert list(row) == ["data_source", "task_type", "prompt", "ability", "reward_model", "extra_info"]
+    assert row["prompt"] == gsm8k_prompt(raw) and row["reward_model"]["ground_truth"] == "5"
+    # a task with neither: the default preprocessor and prompt generator
+    row = preprocess_row({"prompt": "Say hi.", "ground_truth": "hi", "level": 2}, 3, "tool_agent")
+    assert row["prompt"] == [{"role": "user", "content": "Say hi."}] and row["task_type"] == "tool_agent"
+    assert row["reward_model"]["ground_truth"] == "hi" and row["extra_info"] == {"index": 3, "level": 2}
+    assert "default" in PROMPT_GENERATOR and "default" in PREPROCESS_DATASET
+    with pytest.raises(DatasetError, match="field 'ground_truth'"):
+        preprocess_row({"prompt": "Say hi."}, 0, "tool_agent")
+    with pytest.raises(DatasetError, match="field 'question'"):
+        preprocess_row({"answer": "#### 5"}, 0, "gsm8k")
+
+
+def test_gsm8k_interaction_texts_are_whole():
+    """The closing text once lost everything after its backslash (a string cut by a stray quote)."""
+    from verl_agentic.tasks.gsm8k.interactions import DEFAULT_TERMINATE
+
+    assert DEFAULT_TERMINATE.endswith('after "####".')
+
+
+def test_an_install_without_the_builtin_entry_points_says_so(tmp_path):
+    """Stale package metadata (pyproject.toml changed, no reinstall) shadowing the install: the error says what to do."""
+    dist = tmp_path / "verl_agentic-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-agentic\nVersion: 0.1.0\n")
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from verl_agentic.tasks import get_task\n"
+            "get_task('gsm8k')\n") % str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "unknown task_type 'gsm8k'; registered: (none)" in r.stderr and "pip install -e ." in r.stderr

@@ -22,7 +22,7 @@ from verl_agentic.reward import (
     resolve_scorer,
 )
 from verl_agentic.reward.base import ScoreError, normalize_score
-from verl_agentic.reward.scorers.gsm8k import gsm8k_score, gsm8k_symbolic_score
+from verl_agentic.tasks.gsm8k.scorer import gsm8k_score, gsm8k_symbolic_score
 
 FAULTS = ["raise", "hang", "spin", "c_hang", "nan", "string", "none", "dict_without_score", "huge_memory", "die"]
 EXPECTED_ERROR = {"raise": "scorer_error", "hang": "timeout", "spin": "timeout", "c_hang": "timeout",

@@ -12,7 +12,7 @@ import signal
 import time
 
 from verl_agentic.reward.scorers import register_scorer
-from verl_agentic.reward.scorers.gsm8k import gsm8k_score
+from verl_agentic.tasks.gsm8k.scorer import gsm8k_score
 
 
 @register_scorer("faulty")

@@ -1,167 +1,23 @@
-"""Per-task prompt generators and dataset preprocessors, and dataset loading.
-
-``PROMPT_GENERATOR[task_type](raw_row) -> messages`` builds the chat prompt of a raw example.
-``PREPROCESS_DATASET[task_type](raw_row, index) -> row`` turns a raw example into a rollout row
-in verl's RLHFDataset layout::
-
-    {"data_source", "task_type", "prompt": [messages], "ability",
-     "reward_model": {"style": "rule", "ground_truth": str}, "extra_info": {"index", ...}}
-
-A preprocessor raises ``DatasetError`` naming the field; the loader adds the file and row.
-
-CLI (writes parquet or jsonl, by the output's suffix)::
+"""The first name of ``verl_agentic.tasks.data``, kept for launch scripts and imports that use it::
 
     python -m verl_agentic.agentic_utils gsm8k data/gsm8k/test.jsonl out/gsm8k_test.parquet
 """
 
-from __future__ import annotations
+from verl_agentic.tasks.data import (  # noqa: F401 - re-exported
+    PREPROCESS_DATASET,
+    PROMPT_GENERATOR,
+    DatasetError,
+    load_rows,
+    preprocess,
+    preprocess_row,
+    read_raw_rows,
+    validate_row,
+)
 
-import argparse
-import json
-from pathlib import Path
-from typing import Callable, Optional
-
-from verl_agentic.interfaces import ConfigError
-from verl_agentic.registry import Registry
-
-PROMPT_GENERATOR: Registry[Callable[[dict], list[dict]]] = Registry("prompt generator")
-PREPROCESS_DATASET: Registry[Callable[[dict, int], dict]] = Registry("dataset preprocessor")
-
-
-class DatasetError(ConfigError):
-    """A dataset that cannot be used; the message names the file, the row and the field."""
-
-
-def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[dict]:
-    """Rows of a ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``datasets.save_to_disk`` folder."""
-    p = Path(path)
-    if not p.exists():
-        raise DatasetError(f"dataset {str(p)!r} does not exist")
-    limit = None if max_samples is None or max_samples < 0 else int(max_samples)
-    if p.is_dir():
-        import datasets
-
-        ds = datasets.load_from_disk(str(p))
-        if isinstance(ds, datasets.DatasetDict):
-            raise DatasetError(f"{p}: a DatasetDict; point data.path at one split folder ({', '.join(ds)})")
-        rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
-        return [dict(r) for r in rows]
-    suffix = p.suffix.lower()
-    opener = open
-    if suffix == ".gz":  # e.g. data/humaneval/HumanEval.jsonl.gz
-        import gzip
-
-        opener, suffix = gzip.open, Path(p.stem).suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(p)
-        if limit is not None:
-            table = table.slice(0, limit)
-        return table.to_pylist()
-    if suffix in (".jsonl", ".json"):
-        rows = []
-        with opener(p, "rt", encoding="utf-8") as f:
-            if suffix == ".json":
-                data = json.load(f)
-                if not isinstance(data, list):
-                    raise DatasetError(f"{p}: a .json dataset must hold a list of objects")
-                rows = data[:limit] if limit is not None else data
-            else:
-                for lineno, line in enumerate(f, 1):
-                    if limit is not None and len(rows) >= limit:
-                        break
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{p}: line {lineno} is not valid JSON ({e.msg})") from None
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict):
-                raise DatasetError(f"{p}: row {i} is a {type(r).__name__}, expected a JSON object")
-        return rows
-    raise DatasetError(f"{p}: unsupported dataset format {suffix!r} (use .jsonl, .json, .parquet, .jsonl.gz or a datasets folder)")
-
-
-def is_preprocessed(row: dict) -> bool:
-    return "prompt" in row and "reward_model" in row
-
-
-def validate_row(row: dict, where: str) -> None:
-    """A rollout row needs a non-empty chat prompt and a ground truth."""
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise DatasetError(f"{where}: field 'prompt' must be a non-empty list of chat messages, got {prompt!r:.80}")
-    for j, m in enumerate(prompt):
-        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
-            raise DatasetError(f"{where}: field 'prompt[{j}]' must be a message with 'role' and string 'content'")
-    gt = (row.get("reward_model") or {}).get("ground_truth")
-    if gt is None or (isinstance(gt, str) and not gt.strip()):
-        raise DatasetError(f"{where}: field 'reward_model.ground_truth' is missing or empty")
-
-
-def load_rows(path: str | Path, task_type: str, max_samples: Optional[int] = None) -> list[dict]:
-    """Load a dataset as rollout rows: raw rows go through ``PREPROCESS_DATASET[task_type]``.
-
-    Rows are validated; any problem raises ``DatasetError`` naming the file, row and field.
-    Parquet files written by ``preprocess`` (or verl's own gsm8k preprocessing) load as they are.
-    """
-    raw = read_raw_rows(path, max_samples)
-    if not raw:
-        raise DatasetError(f"dataset {str(path)!r} has no rows")
-    rows = []
-    for i, r in enumerate(raw):
-        where = f"{path}: row {i}"
-        if is_preprocessed(r):
-            row = dict(r)
-            row.setdefault("task_type", task_type)
-        else:
-            try:
-                row = PREPROCESS_DATASET[r.get("task_type") or task_type](r, i)
-            except DatasetError as e:
-                raise DatasetError(f"{where}: {e}") from None
-        validate_row(row, where)
-        rows.append(row)
-    return rows
-
-
-def preprocess(task_type: str, src: str | Path, dst: str | Path, max_samples: Optional[int] = None) -> int:
-    """Preprocess a raw dataset file into rollout rows written as parquet or jsonl (by suffix)."""
-    rows = load_rows(src, task_type, max_samples)
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), dst)
-    elif dst.suffix == ".jsonl":
-        with open(dst, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    else:
-        raise DatasetError(f"output {str(dst)!r}: use a .parquet or .jsonl file name")
-    return len(rows)
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    import verl_agentic.tasks  # noqa: F401 - registers the built-in tasks' preprocessors
-
-    ap = argparse.ArgumentParser(prog="python -m verl_agentic.agentic_utils",
-                                 description="Preprocess a raw dataset into rollout rows.")
-    ap.add_argument("task_type", help=f"one of: {', '.join(PREPROCESS_DATASET.names())}")
-    ap.add_argument("input", help=".jsonl / .json / .parquet file or datasets folder")
-    ap.add_argument("output", help="output .parquet or .jsonl")
-    ap.add_argument("--max-samples", type=int, default=None)
-    args = ap.parse_args(argv)
-    n = preprocess(args.task_type, args.input, args.output, args.max_samples)
-    print(f"wrote {n} rows to {args.output}")
-
+__all__ = ["PREPROCESS_DATASET", "PROMPT_GENERATOR", "DatasetError", "load_rows", "preprocess", "preprocess_row",
+           "read_raw_rows", "validate_row"]
 
 if __name__ == "__main__":
-    # Run as a script this file is a second module object with empty registries of its own; the
-    # tasks register into the imported module's (verl_agentic.agentic_utils), so use that one.
-    from verl_agentic.agentic_utils import main as _main
+    from verl_agentic.tasks.data import main
 
-    _main()
+    main(prog="python -m verl_agentic.agentic_utils")

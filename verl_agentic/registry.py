@@ -3,7 +3,9 @@
 Duplicate names are an error that names both definitions (re-registering the very same
 definition, as happens when a module is imported twice, is allowed). Unknown names are an
 error that lists what is registered. A registry may also discover registrations from a
-Python entry-point group, so third-party packages can register without edits here.
+Python entry-point group, so third-party packages can register without edits here; the
+built-in tasks, scorers and interactions are found the same way (``pyproject.toml``), so no
+registry imports what registers into it.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ def describe_definition(obj: Any) -> str:
 class Registry(Generic[T]):
     """``name -> object`` with decorator registration, entry points and helpful errors."""
 
-    def __init__(self, kind: str, entry_point_group: Optional[str] = None):
+    def __init__(self, kind: str, entry_point_group: Optional[str] = None, *, modules_only: bool = False):
+        """``modules_only``: the group's entry points are modules whose import registers here (a
+        registry sharing its group with another, e.g. the tasks' prompt generators with ``TASKS``,
+        must not register the other's objects under their entry-point names)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.modules_only = modules_only
         self._items: dict[str, T] = {}
         self._sources: dict[str, str] = {}
         self._entry_points_loaded = entry_point_group is None
@@ -89,7 +95,7 @@ class Registry(Generic[T]):
                     f"failed to load {self.kind} plugin {ep.name!r} ({ep.value}) from entry-point "
                     f"group {self.entry_point_group!r}: {type(e).__name__}: {e}"
                 ) from e
-            if ep.name not in self._items and not inspect.ismodule(obj):
+            if ep.name not in self._items and not inspect.ismodule(obj) and not self.modules_only:
                 self.register(ep.name, obj, source=f"entry point {ep.value}")
 
     def get(self, name: str) -> T:
@@ -98,7 +104,12 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
-            raise ConfigError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+            hint = ""
+            if (self.entry_point_group and self.entry_point_group.startswith("verl_agentic.")
+                    and not importlib.metadata.entry_points(group=self.entry_point_group)):
+                hint = (f" (no entry points in {self.entry_point_group!r}, where the built-in ones come from: "
+                        "install verl-agentic, or reinstall it after pyproject.toml changed: pip install -e .)")
+            raise ConfigError(f"unknown {self.kind} {name!r}; registered: {known}{hint}") from None
 
     def get_or_import(self, name: str) -> T:
         """A registered name, or else a dotted import path (``pkg.module.Attr``).

@@ -42,14 +42,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    import verl_agentic.tasks  # noqa: F401 - registers the gsm8k preprocessor
-    from verl_agentic.agentic_utils import PREPROCESS_DATASET
+    from verl_agentic.tasks.data import preprocess_row
 
     rng = random.Random(args.seed)
     rows = []
     for i in range(args.n):
         raw = problem(rng)
-        row = PREPROCESS_DATASET["gsm8k"](raw, i)
+        row = preprocess_row(raw, i, "gsm8k")
         row["data_source"] = "verl_agentic/easy_arith"  # synthetic, not GSM8K (the gsm8k scorer scores it)
         row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{INSTRUCTION}"}]
         rows.append(row)

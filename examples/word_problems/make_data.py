@@ -85,12 +85,11 @@ def problem(rng: random.Random, ops: int) -> dict:
 
 
 def make_rows(problems: list[dict]) -> list[dict]:
-    import verl_agentic.tasks  # noqa: F401 - registers the gsm8k preprocessor
-    from verl_agentic.agentic_utils import PREPROCESS_DATASET
+    from verl_agentic.tasks.data import preprocess_row
 
     rows = []
     for i, raw in enumerate(problems):
-        row = PREPROCESS_DATASET["gsm8k"]({"question": raw["question"], "answer": raw["answer"]}, i)
+        row = preprocess_row({"question": raw["question"], "answer": raw["answer"]}, i, "gsm8k")
         row["data_source"] = DATA_SOURCE
         row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{INSTRUCTION}"}]
         row["extra_info"]["ops"] = raw["ops"]

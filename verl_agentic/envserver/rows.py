@@ -27,8 +27,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("output", help="output .jsonl")
     ap.add_argument("--max-samples", type=int, default=None)
     args = ap.parse_args(argv)
-    import verl_agentic.tasks  # noqa: F401 - the built-in tasks and their preprocessors
-    from verl_agentic.agentic_utils import load_rows
+    from verl_agentic.tasks.data import load_rows
     from verl_agentic.rollout import write_jsonl
     from verl_agentic.tasks.gen_chat import as_gen_chat_row
 

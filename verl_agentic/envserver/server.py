@@ -123,8 +123,6 @@ class EnvService:
     def __init__(self, *, task_configs: Optional[dict] = None, tokenizer: Any = None,
                  session_ttl_s: float = DEFAULT_SESSION_TTL_S, hook_timeout_s: Optional[float] = DEFAULT_HOOK_TIMEOUT_S,
                  max_sessions: int = DEFAULT_MAX_SESSIONS):
-        import verl_agentic.tasks  # noqa: F401 - the built-in tasks (imported here: gen_chat imports this package)
-
         self.task_configs = dict(task_configs or {})
         self.tokenizer = tokenizer
         self.session_ttl_s = session_ttl_s

@@ -69,9 +69,10 @@ class Interactions:
 
 
 def load_interactions(config: Union[str, Path, dict, list, None]) -> Interactions:
-    """From a YAML path, a ``{"interaction": [...]}`` dict, the list, or a bare class name."""
-    import verl_agentic.interactions.builtin  # noqa: F401 - registers gsm8k, code_verify
+    """From a YAML path, a ``{"interaction": [...]}`` dict, the list, or a bare class name.
 
+    The classes are registered names (the built-in ``gsm8k`` and ``code_verify`` come from the
+    gsm8k task, through the ``verl_agentic.interactions`` entry points) or dotted paths."""
     if config is None:
         return Interactions({})
     if isinstance(config, str) and not config.endswith((".yaml", ".yml")):

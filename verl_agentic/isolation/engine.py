@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from verl_agentic.isolation import bwrap
+import verl_agentic.isolation.bwrap as bwrap
 from verl_agentic.isolation.cgroups import IS_ROOT, PidsCgroups
 from verl_agentic.isolation.child import LIBC, make_preexec, probe_netns
 from verl_agentic.isolation.limits import SandboxLimits, SandboxResult

@@ -11,7 +11,7 @@ from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
 from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.template import ChatTemplate
 from verl_agentic.rollout.trajectory import build_trajectory
-from verl_agentic.tasks.registry import TaskSpec, get_task
+from verl_agentic.rollout.task_spec import TaskSpec, get_task
 
 
 @dataclass

@@ -55,7 +55,7 @@ from verl_agentic.interfaces import (
 )
 from verl_agentic.rollout.loops import LoopLimits, ids_agent_loop, maybe_await
 from verl_agentic.rollout.template import ChatTemplate
-from verl_agentic.tasks.registry import TaskSpec
+from verl_agentic.rollout.task_spec import TaskSpec
 
 
 def differing_tokens(a: list[int], b: list[int]) -> int:

@@ -693,11 +693,8 @@ async def _scorers(request: web.Request) -> web.Response:
 
 def make_app(config: Optional[ServiceConfig] = None) -> web.Application:
     """The aiohttp application; the service starts with it and cleans up on shutdown."""
-    from verl_agentic.reward.scorers import import_scorer_modules
-
     config = config or ServiceConfig()
     service = SandboxService(config)
-    import_scorer_modules([])  # the built-in scorers, swedev among them
     scoring = Scoring(config)
     app = web.Application(client_max_size=int(config.max_request_mb * 2**20), middlewares=[_errors])
     app[_SERVICE] = service

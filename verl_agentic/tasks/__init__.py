@@ -1,11 +1,13 @@
-"""Task plugins: ``task_type`` -> ``TaskSpec(loop, start, gen, obs, end)``.
+"""The tasks: one module or folder each (``gsm8k/`` holds everything gsm8k needs), registered into the
+rollout's dispatch table ``TASKS`` (``verl_agentic.rollout.task_spec``, re-exported here).
 
-Built-in tasks are registered on import; third-party ones through the entry-point group
-``verl_agentic.tasks``. ``python -m verl_agentic.tasks`` lists what is registered.
+The built-in tasks are entry points of the group ``verl_agentic.tasks`` (``pyproject.toml``), like a
+third-party package's: the registries import them on their first lookup, so importing this package
+does not. ``python -m verl_agentic.tasks`` lists what is registered.
 """
 
-from verl_agentic.tasks.registry import TASKS, TaskSpec, get_task, register_task
-from verl_agentic.tasks import gsm8k, swedev, tool_agent  # noqa: F401,E402 - registers "gsm8k", "swedev", "tool_agent"
-from verl_agentic.tasks import dr, gen_chat  # noqa: F401,E402 - registers "dr", "gen_chat"
+from verl_agentic.rollout.task_spec import TASKS, TaskSpec, get_task, register_task
+from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError, load_rows
 
-__all__ = ["TASKS", "TaskSpec", "get_task", "register_task"]
+__all__ = ["PREPROCESS_DATASET", "PROMPT_GENERATOR", "TASKS", "DatasetError", "TaskSpec", "get_task", "load_rows",
+           "register_task"]

@@ -1,6 +1,6 @@
 """``python -m verl_agentic.tasks``: list the registered tasks, where they come from, and their data helpers."""
 
-from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR
+from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR
 from verl_agentic.tasks import TASKS
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
+from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, RolloutContext, check_keys
-from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.rollout.task_spec import TaskSpec, register_task
 from verl_agentic.tasks.tool_agent import ToolAgentConfig, tool_agent_end, tool_agent_obs, tool_agent_start
 from verl_agentic.tools.search import BUILD_COMMAND
 
@@ -117,14 +117,13 @@ async def dr_start(row: dict, ctx: RolloutContext) -> EpisodeState:
 
 async def dr_end(state: EpisodeState) -> EpisodeResult:
     from verl_agentic.reward.base import RewardItem
-    from verl_agentic.reward.scorers import import_scorer_modules, run_scorer
+    from verl_agentic.reward.scorers import run_scorer
 
     result = await tool_agent_end(state)  # releases the tool; tool metrics
     if state.task is None:
         return result
     cfg = DrConfig.from_dict(dict(state.ctx.task_config))
     row = state.row
-    import_scorer_modules(())  # the built-in scorers (gsm8k)
     item = RewardItem(solution_str=state.last_assistant_text,
                       ground_truth=(row.get("reward_model") or {}).get("ground_truth"),
                       data_source=row.get("data_source"), task_type="dr",

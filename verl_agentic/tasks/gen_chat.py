@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from verl_agentic.agentic_utils import PREPROCESS_DATASET, DatasetError
+from verl_agentic.tasks.data import PREPROCESS_DATASET, DatasetError
 from verl_agentic.envserver.client import EnvClient, EnvServiceError
 from verl_agentic.interfaces import (
     ERROR_TYPES,
@@ -57,7 +57,7 @@ from verl_agentic.interfaces import (
     check_keys,
 )
 from verl_agentic.rollout.chat_loop import openai_chat_agent_loop
-from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.rollout.task_spec import TaskSpec, register_task
 
 
 @dataclass

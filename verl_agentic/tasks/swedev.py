@@ -55,7 +55,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
+from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import (
     FINISH_ERROR,
     ConfigError,
@@ -72,7 +72,7 @@ from verl_agentic.reward.scorers.swedev import INSTANCE_KEY, SUBMISSION_KEY
 from verl_agentic.sandbox.client import SandboxClient, SandboxError
 from verl_agentic.sandbox.runtime import PASS_MARKER, FileSet, HiddenTests, file_list, file_set
 from verl_agentic.sandbox.tools import SANDBOX_TOOLS, SandboxSession
-from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.rollout.task_spec import TaskSpec, register_task
 from verl_agentic.isolation import SandboxLimits
 
 HUMANEVAL_SOURCE = "openai/openai_humaneval"

@@ -41,7 +41,7 @@ from verl_agentic.interfaces import (
     RolloutContext,
     check_keys,
 )
-from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.rollout.task_spec import TaskSpec, register_task
 
 
 @dataclass

@@ -650,7 +650,3 @@ class OpenAIParser(ToolCallParser):
         message = {"role": "assistant", "content": content or None,
                    "tool_calls": [c.to_openai(default_id=f"call_{i}") for i, c in enumerate(calls)]}
         return json.dumps(message, ensure_ascii=False)
-
-
-# Parsers defined in their own modules, registered when the registry is first imported.
-from verl_agentic.tools import code_parser as _code_parser  # noqa: E402,F401 - registers "python_code"

@@ -40,7 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.trainer import checkpoint as ckpt
+import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
 
 
@@ -262,9 +262,8 @@ class PPOTrainer:
     """Trains ``model.path`` on ``task_type`` rollouts. See the module docstring and ``config/ppo.yaml``."""
 
     def __init__(self, cfg: DictConfig, model: Any = None, tokenizer: Any = None) -> None:
-        import verl_agentic.tasks  # noqa: F401 - built-in tasks
-        from verl_agentic.agentic_utils import load_rows
-        from verl_agentic.main_rollout import reward_manager, resolve_data_path, rollout_config
+        from verl_agentic.tasks.data import load_rows
+        from verl_agentic.config import resolve_data_path, reward_manager, reward_settings, rollout_config
         from verl_agentic.rollout.async_rollout import resolve_tasks
         from verl_agentic.tasks import get_task
 
@@ -291,7 +290,7 @@ class PPOTrainer:
         if self.test_freq < 0:
             raise ConfigError(f"trainer.test_freq must be >= 0, got {self.test_freq}")
         self.use_ray = bool(t.use_ray)
-        self.scorer_config = self._reward_config(cfg)
+        self.scorer_config = reward_settings(cfg, progress=False)  # checked now, not in the Ray actor
         # with Ray the reward manager lives in its actor (its process pool too), not here
         self.scorer = None if self.use_ray else reward_manager(cfg)
         self.out_dir = Path(cfg.output.dir)
@@ -357,17 +356,6 @@ class PPOTrainer:
             self.ray = RayWorkers(self, OmegaConf.to_container(t.ray_init, resolve=True) or {})
         if bool(t.resume):
             self._resume()
-
-    @staticmethod
-    def _reward_config(cfg: DictConfig) -> Optional[dict]:
-        from verl_agentic.reward import RewardConfig
-
-        r = OmegaConf.to_container(cfg.reward, resolve=True) if "reward" in cfg else {"manager": "none"}
-        if r.get("manager") in (None, "none"):
-            return None
-        r["progress"] = False
-        RewardConfig.from_dict(r)  # config errors now, not in the actor
-        return r
 
     # ------------------------------------------------------------------ data
 

@@ -25,7 +25,6 @@ class RolloutWorker:
 
     def __init__(self, model_config: Any, tokenizer: Any, rollout_cfg: Any, task_configs: dict,
                  default_task_type: str, max_batch_size: int, seed: int, hf_options: dict | None = None) -> None:
-        import verl_agentic.tasks  # noqa: F401 - built-in tasks (registries live per process)
         from transformers import AutoModelForCausalLM
 
         from verl_agentic.backends.hf import HFBackend

@@ -295,7 +295,7 @@ class TaskAgentLoop(AgentLoopBase):
         return row
 
     def _task(self, row: dict, kwargs: dict) -> tuple[str, Any]:
-        from verl_agentic.tasks.registry import TASKS
+        from verl_agentic.rollout.task_spec import TASKS
 
         name = row.get("task_type") or self.settings.task_type
         if not name:
@@ -312,7 +312,6 @@ class TaskAgentLoop(AgentLoopBase):
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         # imported on first use, not with the plugin: the plugin loads in every process that imports verl
-        import verl_agentic.tasks  # noqa: F401  (registers the built-in tasks)
         from verl_agentic.rollout.loops import LoopLimits
         from verl_agentic.rollout.template import ChatTemplate
         from verl_agentic.rollout.trajectory import build_trajectory

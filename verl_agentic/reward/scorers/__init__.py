@@ -13,7 +13,8 @@ A scorer is picked per sample, polymorphically: the item's explicit ``scorer`` (
 A dict result must hold a numeric ``score``; its other keys become the result's ``extra``.
 Scorers must be importable module-level functions: ``prime`` runs them in worker processes and
 the reward server in its own process (list the module in ``reward.scorer_modules``, or expose it
-through the ``verl_agentic.scorers`` entry-point group).
+through the ``verl_agentic.scorers`` entry-point group, as the built-in ones are: gsm8k's lives in
+``verl_agentic/tasks/gsm8k/scorer.py``).
 """
 
 from __future__ import annotations
@@ -52,10 +53,8 @@ def preload_modules() -> None:
 
 
 def import_scorer_modules(modules: Iterable[str]) -> None:
-    """Import the built-in scorers and ``modules`` (whose import registers scorers)."""
-    import verl_agentic.reward.scorers.gsm8k  # noqa: F401
-    import verl_agentic.reward.scorers.swedev  # noqa: F401
-
+    """Import ``modules`` (whose import registers scorers). The built-in scorers (gsm8k's, swedev's)
+    need none: ``SCORERS`` finds them through the ``verl_agentic.scorers`` entry points."""
     for m in modules or ():
         try:
             importlib.import_module(m)

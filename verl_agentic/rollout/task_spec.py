@@ -1,9 +1,14 @@
-"""Task registry: ``task_type`` -> ``TaskSpec(loop, start, gen, obs, end)``.
+"""The dispatch table: ``task_type`` -> ``TaskSpec(loop, start, gen, obs, end)``.
+
+It lives in the rollout layer because it is the rollout's contract with a task: the rollout looks
+a row's task up here and never imports a task. The tasks (``verl_agentic.tasks.*``, a layer above)
+register into it; the built-in ones are found through the entry-point group ``verl_agentic.tasks``
+(declared in ``pyproject.toml``), the same way a third-party package's are.
 
 Register a task with a decorator on a class (methods ``start``, ``obs``, ``end`` and
 optionally ``gen`` / ``loop``; sync or async), or with an explicit ``TaskSpec``::
 
-    from verl_agentic.tasks import register_task
+    from verl_agentic.tasks import register_task   # re-exported there
 
     @register_task("echo")
     class EchoTask:
@@ -13,7 +18,9 @@ optionally ``gen`` / ``loop``; sync or async), or with an explicit ``TaskSpec``:
 
     register_task("echo2", TaskSpec(start=..., obs=..., end=...))
 
-Third-party packages register through the entry-point group ``verl_agentic.tasks``.
+A package registers its tasks through the entry-point group ``verl_agentic.tasks``: the entry point
+names a module whose import registers them (or a ``TaskSpec``/class, registered under the
+entry point's name).
 """
 
 from __future__ import annotations
@@ -24,20 +31,9 @@ from typing import Any, Callable, Optional
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.registry import Registry, describe_definition
+from verl_agentic.rollout.loops import default_gen, ids_agent_loop
 
 ENTRY_POINT_GROUP = "verl_agentic.tasks"
-
-
-def _default_gen():
-    from verl_agentic.rollout.loops import default_gen
-
-    return default_gen
-
-
-def _default_loop():
-    from verl_agentic.rollout.loops import ids_agent_loop
-
-    return ids_agent_loop
 
 
 @dataclass(frozen=True)
@@ -64,9 +60,9 @@ class TaskSpec:
             if not callable(getattr(self, field_name)):
                 raise ConfigError(f"TaskSpec.{field_name} must be callable, got {getattr(self, field_name)!r}")
         if self.gen is None:
-            object.__setattr__(self, "gen", _default_gen())
+            object.__setattr__(self, "gen", default_gen)
         if self.loop is None:
-            object.__setattr__(self, "loop", _default_loop())
+            object.__setattr__(self, "loop", ids_agent_loop)
 
 
 TASKS: Registry[TaskSpec] = Registry("task_type", entry_point_group=ENTRY_POINT_GROUP)

@@ -1,4 +1,4 @@
-"""GSM8K scorers.
+"""The gsm8k scorers (found by the reward managers through the ``verl_agentic.scorers`` entry points).
 
 ``gsm8k`` (aliases ``openai/gsm8k``, ``verl_agentic/word_problems``, ``verl_agentic/easy_arith``: the synthetic rows of examples/): the answer is extracted as the gsm8k task does
 (``method``: ``strict`` = the number after ``####``; ``flexible`` = that, else the last number).
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from verl_agentic.reward.scorers import register_scorer
-from verl_agentic.tasks.gsm8k import extract_answer, normalize_number
+from verl_agentic.tasks.gsm8k.answer import extract_answer, normalize_number
 
 
 def _score(solution_str: str, ground_truth: Any, method: str, score: float, format_score: float,

@@ -1,17 +1,18 @@
-"""Built-in interactions: ``gsm8k`` (right -> stop, wrong -> "reflect and try again") and
-``code_verify`` ("Are you sure? Can you write Python code to verify?")."""
+"""The gsm8k interactions: ``gsm8k`` (right -> stop, wrong -> "reflect and try again") and
+``code_verify`` ("Are you sure? Can you write Python code to verify?"), found through the
+``verl_agentic.interactions`` entry points. They score with the gsm8k scorer."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from verl_agentic.interactions.base import BaseInteraction
 from verl_agentic.interactions.registry import register_interaction
-from verl_agentic.reward.scorers.gsm8k import gsm8k_score
-
-DEFAULT_RETRY = "Your response is incorrect! You need to reflect on your answer and try again."
-DEFAULT_VERIFY = "Are you sure? Can you write Python code to verify?"
-DEFAULT_TERMINATE = "Thank you. Please output your final answer after \\"####\\"."
+from verl_agentic.tasks.gsm8k.scorer import gsm8k_score
+from verl_agentic.tasks.gsm8k.texts import INTERACTION_RETRY as DEFAULT_RETRY
+from verl_agentic.tasks.gsm8k.texts import INTERACTION_RIGHT
+from verl_agentic.tasks.gsm8k.texts import INTERACTION_TERMINATE as DEFAULT_TERMINATE
+from verl_agentic.tasks.gsm8k.texts import INTERACTION_VERIFY as DEFAULT_VERIFY
 
 
 class _Gsm8kScoring(BaseInteraction):
@@ -41,7 +42,7 @@ class Gsm8kInteraction(_Gsm8kScoring):
     async def generate_response(self, instance_id, messages, **kwargs):
         reward = self._judge(instance_id, messages)
         if reward == 1.0:
-            return True, "Your response is correct!", reward, {}
+            return True, INTERACTION_RIGHT, reward, {}
         return False, self.config.get("retry_message", DEFAULT_RETRY), reward, {}
 
 

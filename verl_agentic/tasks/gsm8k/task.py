@@ -1,4 +1,4 @@
-"""GSM8K, multi-turn: the model answers, gets feedback, and may revise.
+"""The gsm8k task's episode: the model answers, gets feedback, and may revise.
 
 Config (``task.gsm8k.*``):
 
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from verl_agentic.agentic_utils import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import (
     ConfigError,
     EpisodeResult,
@@ -32,7 +30,11 @@ from verl_agentic.interfaces import (
     RolloutContext,
     check_keys,
 )
-from verl_agentic.tasks.registry import TaskSpec, register_task
+from verl_agentic.rollout.task_spec import TaskSpec, register_task
+from verl_agentic.tasks.data import DatasetError
+from verl_agentic.tasks.gsm8k.answer import EXTRACTIONS, extract_answer, normalize_number
+from verl_agentic.tasks.gsm8k.texts import RETRY_MESSAGE as DEFAULT_RETRY_MESSAGE
+from verl_agentic.tasks.gsm8k.texts import VERIFY_MESSAGE as DEFAULT_VERIFY_MESSAGE
 from verl_agentic.tasks.tool_agent import (
     ToolAgentConfig,
     tool_agent_end,
@@ -41,88 +43,6 @@ from verl_agentic.tasks.tool_agent import (
 )
 
 FEEDBACK_POLICIES = ("none", "retry", "verify", "always_verify")
-EXTRACTIONS = ("strict", "flexible")
-INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-DEFAULT_RETRY_MESSAGE = (
-    "Your answer is incorrect. Please reflect on your solution, find the mistake, and try again. "
-    'Output the final answer after "####".'
-)
-DEFAULT_VERIFY_MESSAGE = (
-    "Are you sure? Can you write Python code to verify? "
-    'Then output the final answer after "####".'
-)
-
-_NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\$?\s*\.\d+"
-_STRICT_RE = re.compile(r"####\s*(" + _NUMBER + r")")
-_FLEXIBLE_RE = re.compile(_NUMBER)
-
-
-def normalize_number(text: str) -> Optional[str]:
-    """Canonical form of a number: no ``$``, commas or spaces; ``72.0`` -> ``72``; ``.5`` -> ``0.5``."""
-    s = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-    if not s:
-        return None
-    try:
-        value = float(s)
-    except ValueError:
-        return None
-    if value != value or value in (float("inf"), float("-inf")):
-        return None
-    if value == int(value) and abs(value) < 1e16:
-        return str(int(value))
-    return repr(value)
-
-
-def extract_answer(text: str, extraction: str = "flexible") -> Optional[str]:
-    """The normalised final answer of a response, or None when it has none.
-
-    ``strict``: the number after the last ``####``. ``flexible``: the ``####`` answer when there
-    is one, else the last number in the text.
-    """
-    if extraction not in EXTRACTIONS:
-        raise ConfigError(f"gsm8k extraction must be one of {EXTRACTIONS}, got {extraction!r}")
-    strict = _STRICT_RE.findall(text)
-    if strict:
-        return normalize_number(strict[-1])
-    if extraction == "strict":
-        return None
-    for candidate in reversed(_FLEXIBLE_RE.findall(text)):
-        n = normalize_number(candidate)
-        if n is not None:
-            return n
-    return None
-
-
-def ground_truth_from_solution(solution: str) -> str:
-    """The ``#### N`` line of a GSM8K reference solution, normalised."""
-    m = _STRICT_RE.findall(solution)
-    gt = normalize_number(m[-1]) if m else None
-    if gt is None:
-        raise DatasetError("field 'answer' has no '#### <number>' line")
-    return gt
-
-
-@PROMPT_GENERATOR.register("gsm8k")
-def gsm8k_prompt(raw: dict) -> list[dict]:
-    question = raw.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise DatasetError("field 'question' is missing or empty")
-    return [{"role": "user", "content": f"{question.strip()}\n{INSTRUCTION}"}]
-
-
-@PREPROCESS_DATASET.register("gsm8k")
-def gsm8k_preprocess(raw: dict, index: int) -> dict:
-    """A raw GSM8K row (``question``, ``answer``) -> a rollout row."""
-    if not isinstance(raw.get("answer"), str):
-        raise DatasetError("field 'answer' is missing")
-    return {
-        "data_source": "openai/gsm8k",
-        "task_type": "gsm8k",
-        "prompt": PROMPT_GENERATOR["gsm8k"](raw),
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": ground_truth_from_solution(raw["answer"])},
-        "extra_info": {"index": index, "question": raw["question"], "answer": raw["answer"]},
-    }
 
 
 @dataclass

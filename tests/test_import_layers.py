@@ -1,0 +1,199 @@
+"""The import rule (issue 17), checked by parsing every module of ``verl_agentic``:
+
+- a module imports only from its own layer or below (module-level and function-level imports alike);
+- no import cycles among module-level imports (a package's ``__init__`` included);
+- no registry imports the built-ins that register into it (they are entry points: ``pyproject.toml``).
+
+``KNOWN_UPWARD`` lists the upward imports not yet untangled. It may only shrink: an upward import
+that is not listed fails, and so does a listed one that is gone (delete its line).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
+
+# lowest first; the longest matching prefix decides a module's layer
+LAYERS: list[tuple[str, ...]] = [
+    ("interfaces",),
+    ("registry", "serving", "isolation", "models"),
+    ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "sandbox.tools", "envserver.client"),
+    ("rollout", "backends"),
+    ("tasks", "config"),  # config: the hydra files, and what the CLIs and trainers build from them
+    ("trainer", "verl_plugin", "inspect", "envserver", "sandbox"),  # trainers, the plugin, the services
+    ("main_rollout", "main_ppo", "agentic_utils", "reward.compare"),  # CLIs (and every package's __main__)
+]
+
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+
+REGISTRIES = {  # registry module -> the entry-point group its built-ins come through
+    "rollout.task_spec": "verl_agentic.tasks",
+    "tasks.data": "verl_agentic.tasks",
+    "reward.scorers": "verl_agentic.scorers",
+    "interactions.registry": "verl_agentic.interactions",
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def layer(mod: str) -> int:
+    if mod.rpartition(".")[2] == "__main__":
+        return len(LAYERS) - 1
+    best, found = -1, None
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if (mod == n or mod.startswith(n + ".")) and len(n) > best:
+                best, found = len(n), i
+    assert found is not None, f"verl_agentic.{mod} is in no layer: add it to LAYERS"
+    return found
+
+
+def _known(name: str) -> str | None:
+    """The module ``name`` (relative to verl_agentic) imports, or its nearest package."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(mod: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for each import of verl_agentic in ``mod``."""
+    path = MODULES[mod]
+    is_pkg = path.name == "__init__.py"
+    out = []
+
+    def add(target: str, node: ast.AST, top: bool) -> None:
+        if target == "verl_agentic" or target.startswith("verl_agentic."):
+            known = _known(target[len("verl_agentic."):] if "." in target else "")
+            if known and known != mod:
+                out.append((known, node.lineno, top))
+
+    def walk(node: ast.AST, top: bool) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(ch, False)
+            elif isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
+                continue
+            elif isinstance(ch, ast.Import):
+                for a in ch.names:
+                    add(a.name, ch, top)
+            elif isinstance(ch, ast.ImportFrom):
+                if ch.level:
+                    base = ("verl_agentic." + mod).split(".")
+                    base = base if is_pkg else base[:-1]
+                    base = base[:len(base) - (ch.level - 1)]
+                    prefix = ".".join(base + ([ch.module] if ch.module else []))
+                else:
+                    prefix = ch.module or ""
+                for a in ch.names:
+                    full = f"{prefix}.{a.name}"
+                    add(full if _known(full[len("verl_agentic."):]) == full[len("verl_agentic."):] else prefix, ch, top)
+            else:
+                walk(ch, top)
+
+    walk(ast.parse(path.read_text()), True)
+    return out
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    return {(mod, target) for mod in MODULES for target, _, _ in imports(mod) if layer(target) > layer(mod)}
+
+
+def test_every_module_is_in_a_layer():
+    for mod in MODULES:
+        if mod:
+            layer(mod)
+
+
+def test_no_module_imports_a_layer_above_it():
+    found = upward_imports()
+    new = sorted(found - KNOWN_UPWARD)
+    gone = sorted(KNOWN_UPWARD - found)
+    assert not new, "upward imports (move the code down, or the import up): " + ", ".join(f"{a} -> {b}" for a, b in new)
+    assert not gone, "fixed, so delete from KNOWN_UPWARD: " + ", ".join(f"{a} -> {b}" for a, b in gone)
+
+
+def _cycles() -> list[list[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for mod in MODULES:
+        for target, _, top in imports(mod):
+            if top:
+                graph[mod].add(target)
+                parts = target.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__ first
+                for i in range(1, len(parts)):
+                    pkg = ".".join(parts[:i])
+                    if pkg in MODULES and not mod.startswith(pkg + ".") and pkg != mod:
+                        graph[mod].add(pkg)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for mod in list(MODULES):
+        if mod not in index:
+            visit(mod)
+    return out
+
+
+KNOWN_CYCLES: list[list[str]] = []
+
+
+def test_no_import_cycles():
+    assert sorted(_cycles()) == sorted(KNOWN_CYCLES)
+
+
+def test_registries_do_not_import_their_builtins_and_find_them_as_entry_points():
+    groups = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["project"]["entry-points"]
+    for registry, group in REGISTRIES.items():
+        builtins = {v.removeprefix("verl_agentic.") for v in groups[group].values()}
+        assert builtins, group
+        for target, line, _ in imports(registry):
+            assert not any(target == b or target.startswith(b + ".") for b in builtins), \
+                f"verl_agentic/{registry.replace('.', '/')}.py:{line} imports its built-in {target}"
+    for group in ("verl_agentic.tasks", "verl_agentic.scorers", "verl_agentic.interactions"):
+        for name, value in groups[group].items():
+            assert _known(value.removeprefix("verl_agentic.")) == value.removeprefix("verl_agentic."), (group, name, value)
+
+
+def test_the_layer_check_catches_a_planted_upward_import(tmp_path, monkeypatch):
+    """The checker is not vacuous: an import of a task from the reward layer is reported."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from verl_agentic.tasks.gsm8k import extract_answer\n\n\ndef f():\n    import verl_agentic.trainer\n")
+    monkeypatch.setitem(MODULES, "reward.planted", planted)
+    assert {("reward.planted", "tasks.gsm8k"), ("reward.planted", "trainer")} <= upward_imports()
