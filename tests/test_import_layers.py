@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 LAYERS: list[tuple[str, ...]] = [
     ("interfaces",),
     ("registry", "serving", "isolation", "models"),
-    ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "sandbox.tools", "envserver.client"),
+    ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),
     ("rollout", "backends"),
     ("tasks", "config"),  # config: the hydra files, and what the CLIs and trainers build from them
     ("trainer", "verl_plugin", "inspect", "envserver", "sandbox"),  # trainers, the plugin, the services

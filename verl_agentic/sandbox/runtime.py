@@ -1,7 +1,7 @@
 """What a sandbox does to its work directory: confined paths, file sets, changes, commands, hidden tests.
 
 No HTTP here. The sandbox service (``server.py``) runs these on its sandboxes' work dirs, and the
-``swedev`` scorer (``verl_agentic.reward.scorers.swedev``) runs the same hidden-test code on a
+``swedev`` scorer (``verl_agentic.tasks.swedev.scorer``) runs the same hidden-test code on a
 fresh directory built from a trajectory's submission, so the test an episode ends with and the
 test a reward manager re-runs are the same code.
 
