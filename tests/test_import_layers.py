@@ -35,6 +35,9 @@ REGISTRIES = {  # registry module -> the entry-point group its built-ins come th
     "tasks.data": "verl_agentic.tasks",
     "reward.scorers": "verl_agentic.scorers",
     "interactions.registry": "verl_agentic.interactions",
+    "reward.base": "verl_agentic.reward_managers",
+    "tools.registry": "verl_agentic.tools",
+    "tools.parsers.base": "verl_agentic.tool_parsers",
 }
 
 
@@ -186,7 +189,7 @@ def test_registries_do_not_import_their_builtins_and_find_them_as_entry_points()
         for target, line, _ in imports(registry):
             assert not any(target == b or target.startswith(b + ".") for b in builtins), \
                 f"verl_agentic/{registry.replace('.', '/')}.py:{line} imports its built-in {target}"
-    for group in ("verl_agentic.tasks", "verl_agentic.scorers", "verl_agentic.interactions"):
+    for group in set(REGISTRIES.values()):
         for name, value in groups[group].items():
             assert _known(value.removeprefix("verl_agentic.")) == value.removeprefix("verl_agentic."), (group, name, value)
 

@@ -3,7 +3,9 @@
 ``serve_app`` runs an app in the current event loop and yields its URL (the real port when
 ``port=0``); ``run_until_signalled`` is what each service's ``python -m ...`` does with it: print
 the ready line that scripts and tests wait for, serve until SIGTERM/SIGINT, leave the ``async with``
-(so the app's own shutdown hooks run), then print the stop line.
+(so the app's own shutdown hooks run), then print the stop line. ``run_service`` is a service's whole
+``main()`` after its arguments are parsed: a ``ConfigError`` while building it is exit code 2 with
+``<name>: <message>`` on stderr.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from typing import AsyncContextManager, AsyncIterator, Callable, Optional
 
 from aiohttp import web
+
+from verl_agentic.interfaces import ConfigError
 
 
 @contextlib.asynccontextmanager
@@ -45,4 +49,20 @@ async def run_until_signalled(server: AsyncContextManager[str], ready: Callable[
         print(stopped(), file=sys.stderr, flush=True)
 
 
-__all__ = ["run_until_signalled", "serve_app"]
+def run_service(name: str, start: Callable[[], AsyncContextManager[str]],
+                stopped: Optional[Callable[[], str]] = None) -> int:
+    """Build the service (``start()``, which may raise ``ConfigError``) and serve it until a signal.
+
+    Prints ``<name> listening on <url>`` when ready (scripts and tests wait for that line) and
+    ``stopped()`` (default ``<name> stopped``) at the end; returns the process exit code.
+    """
+    try:
+        asyncio.run(run_until_signalled(start(), lambda url: f"{name} listening on {url}",
+                                        stopped or (lambda: f"{name} stopped")))
+    except ConfigError as e:
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+__all__ = ["run_service", "run_until_signalled", "serve_app"]

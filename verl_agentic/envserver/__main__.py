@@ -13,7 +13,6 @@ free port) and ends every live session on SIGTERM / SIGINT. ``--task-config`` is
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import sys
 from typing import Optional, Sequence
@@ -26,7 +25,7 @@ from verl_agentic.envserver.server import (
     serve,
 )
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.serving import run_until_signalled
+from verl_agentic.serving import run_service
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -77,15 +76,15 @@ def build_service(args: argparse.Namespace) -> EnvService:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
-    try:
+    service: Optional[EnvService] = None
+
+    def start():
+        nonlocal service
         service = build_service(args)
-        asyncio.run(run_until_signalled(
-            serve(service, args.host, args.port), lambda url: f"environment service listening on {url}",
-            lambda: f"environment service stopped ({service.counts['sessions_ended']} sessions ended)"))
-    except ConfigError as e:
-        print(f"environment service: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        return serve(service, args.host, args.port)
+
+    return run_service("environment service", start,
+                       lambda: f"environment service stopped ({service.counts['sessions_ended']} sessions ended)")
 
 
 if __name__ == "__main__":

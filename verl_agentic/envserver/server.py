@@ -52,7 +52,6 @@ from typing import Any, AsyncIterator, Optional
 
 from aiohttp import web
 
-import verl_agentic.tools.builtin  # noqa: F401 - the parsers registered with the built-in tools
 from verl_agentic.backends.chat_adapter import calls_from_message
 from verl_agentic.interfaces import (
     ConfigError,

@@ -321,9 +321,8 @@ def register_reward_manager(name: str):
 
 
 def make_reward_manager(config: RewardConfig | dict | None = None, **overrides: Any) -> RewardManager:
-    """Build the manager named by ``config.manager`` (naive | prime | swedev | a registered one)."""
-    import verl_agentic.reward.managers  # noqa: F401 - registers the built-in managers
-
+    """Build the manager named by ``config.manager`` (naive | prime | swedev | a registered one; the
+    built-in ones come through the ``verl_agentic.reward_managers`` entry points, like a plugin's)."""
     if config is None or isinstance(config, dict):
         config = RewardConfig.from_dict({**(config or {}), **overrides})
     elif overrides:

@@ -54,7 +54,7 @@ from aiohttp import web
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward.base import RewardConfig, RewardItem, RewardManager, RewardResult, make_reward_manager
 from verl_agentic.reward.scorers import SCORERS, import_scorer_modules
-from verl_agentic.serving import run_until_signalled, serve_app
+from verl_agentic.serving import run_service, serve_app
 
 DEFAULT_MAX_REQUEST_MB = 64.0
 MAX_KWARGS_VARIANTS = 8
@@ -235,7 +235,6 @@ def make_app(config: Optional[RewardConfig] = None, *, max_request_mb: float = D
     config.validate()
     if max_request_mb <= 0:
         raise ConfigError(f"--max-request-mb must be > 0, got {max_request_mb}")
-    import verl_agentic.reward.managers  # noqa: F401 - registers the built-in managers
     from verl_agentic.reward.base import REWARD_MANAGERS
 
     REWARD_MANAGERS.get(config.manager)  # an unknown manager is a ConfigError now, not at startup
@@ -287,19 +286,16 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
-    try:
+
+    def start():
         config = RewardConfig(
             manager=args.manager, num_workers=max(args.workers, 0),
             timeout_s=args.timeout_s if args.timeout_s > 0 else None,
             memory_limit_mb=args.memory_limit_mb if args.memory_limit_mb > 0 else None,
             scorer_modules=list(args.scorer_module))
-        asyncio.run(run_until_signalled(
-            serve(config, args.host, args.port, max_request_mb=args.max_request_mb, quiet=args.quiet),
-            lambda url: f"reward server listening on {url}", lambda: "reward server stopped"))
-    except ConfigError as e:
-        print(f"reward server: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        return serve(config, args.host, args.port, max_request_mb=args.max_request_mb, quiet=args.quiet)
+
+    return run_service("reward server", start)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ from aiohttp import web
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.sandbox import runtime
 from verl_agentic.sandbox.runtime import Changes, FileSet, HiddenTests, PathError
-from verl_agentic.serving import run_until_signalled, serve_app
+from verl_agentic.serving import run_service, serve_app
 from verl_agentic.isolation import ISOLATION_MODES, SandboxLimits, check_isolation, sandbox_support
 
 ROOT_PREFIX = "va_sandboxd-"
@@ -773,16 +773,13 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
-    try:
+
+    def start():
         config = config_from_args(args)
         config.validate()
-        asyncio.run(run_until_signalled(serve(config, args.host, args.port, quiet=args.quiet),
-                                        lambda url: f"sandbox server listening on {url}",
-                                        lambda: "sandbox server stopped: all sandboxes destroyed"))
-    except ConfigError as e:
-        print(f"sandbox server: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        return serve(config, args.host, args.port, quiet=args.quiet)
+
+    return run_service("sandbox server", start, lambda: "sandbox server stopped: all sandboxes destroyed")
 
 
 if __name__ == "__main__":

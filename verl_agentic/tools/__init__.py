@@ -1,6 +1,5 @@
 """Tools: ``BaseTool``, the registry (YAML, ``@tool`` functions), parsers, and the episode ``ToolRunner``."""
 
-from verl_agentic.tools import code_parser as _code_parser  # noqa: F401 - registers the "python_code" parser
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.registry import FUNCTION_TOOLS, TOOL_CLASSES, load_tools, register_tool_class, tool
 

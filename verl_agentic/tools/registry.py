@@ -144,8 +144,6 @@ def load_tools(config: Union[str, Path, dict, list, None]) -> list[BaseTool]:
     Each entry: ``{class_name, config?, tool_schema?}``, or ``{function: name}`` for a function
     registered with ``@tool``. Tool names must be unique.
     """
-    import verl_agentic.tools.builtin  # noqa: F401 - registers python, calculator
-
     if config is None:
         return []
     if isinstance(config, (str, Path)):

@@ -55,7 +55,6 @@ class TurnResult:
 class ToolRunner:
     def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,
                  max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None):
-        import verl_agentic.tools.builtin  # noqa: F401 - built-in tools and parsers
         from verl_agentic.tools.parsers import get_parser
 
         self.tools = {t.name: t for t in tools}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from verl_agentic.tools.parsers import ParseError, ParseResult, ToolCall, ToolCallParser, register_parser
+from verl_agentic.tools.parsers.base import ParseError, ParseResult, ToolCall, ToolCallParser, register_parser
 
 _BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 _OPEN = re.compile(r"```(?:python|py)[ \t]*\n")
