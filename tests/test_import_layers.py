@@ -2,7 +2,9 @@
 
 - a module imports only from its own layer or below (module-level and function-level imports alike);
 - no import cycles among module-level imports (a package's ``__init__`` included);
-- no registry imports the built-ins that register into it (they are entry points: ``pyproject.toml``).
+- no registry imports the built-ins that register into it (they are entry points: ``pyproject.toml``);
+- an import of ``verl_agentic`` inside a function says why it is not at the top (start-up time, an
+  optional dependency, a worker process): a comment on it, or on the line above its block of imports.
 
 ``KNOWN_UPWARD`` lists the upward imports not yet untangled. It may only shrink: an upward import
 that is not listed fails, and so does a listed one that is gone (delete its line).
@@ -194,9 +196,32 @@ def test_registries_do_not_import_their_builtins_and_find_them_as_entry_points()
             assert _known(value.removeprefix("verl_agentic.")) == value.removeprefix("verl_agentic."), (group, name, value)
 
 
+def _unexplained_function_level_imports(path: Path, mod: str) -> list[int]:
+    lines = path.read_text().splitlines()
+    out = []
+    for _, line, top in imports(mod):
+        if top:
+            continue
+        i = line - 1  # walk up the block of import lines this one belongs to
+        while i > 0 and lines[i - 1].lstrip().startswith(("from ", "import ")):
+            i -= 1
+        block = lines[i - 1:line] if i > 0 else lines[:line]
+        if not any("#" in text for text in block):
+            out.append(line)
+    return out
+
+
+def test_function_level_imports_say_why():
+    missing = [f"verl_agentic/{MODULES[m].relative_to(PKG)}:{line}" for m in MODULES
+               for line in _unexplained_function_level_imports(MODULES[m], m)]
+    assert not missing, "function-level imports without a reason (move them to the top, or say why): " + \
+        ", ".join(missing)
+
+
 def test_the_layer_check_catches_a_planted_upward_import(tmp_path, monkeypatch):
     """The checker is not vacuous: an import of a task from the reward layer is reported."""
     planted = tmp_path / "planted.py"
     planted.write_text("from verl_agentic.tasks.gsm8k import extract_answer\n\n\ndef f():\n    import verl_agentic.trainer\n")
     monkeypatch.setitem(MODULES, "reward.planted", planted)
     assert {("reward.planted", "tasks.gsm8k"), ("reward.planted", "trainer")} <= upward_imports()
+    assert _unexplained_function_level_imports(planted, "reward.planted") == [5]

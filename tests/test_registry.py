@@ -114,15 +114,24 @@ def test_generic_registry_errors():
 
 
 def test_builtins_are_found_through_entry_points_from_a_lower_layer():
-    """A process that imports only the reward and interaction registries still finds gsm8k's scorer
-    and interactions: the registries import the task's folder through its entry points."""
+    """A process that imports only the registries still finds the built-ins: gsm8k's scorer and
+    interactions (in the task's folder), the tools, the parsers and the reward managers, each
+    registry importing them through its entry points."""
     code = ("import sys\n"
             "from verl_agentic.reward.scorers import SCORERS\n"
             "from verl_agentic.interactions.registry import load_interactions\n"
             "print('before', 'verl_agentic.tasks.gsm8k' in sys.modules)\n"
             "print('scorer', SCORERS.source('openai/gsm8k'))\n"
-            "print('interaction', type(load_interactions('code_verify').by_name['code_verify']).__module__)\n")
+            "print('interaction', type(load_interactions('code_verify').by_name['code_verify']).__module__)\n"
+            "from verl_agentic.tools.parsers.base import get_parser\n"
+            "from verl_agentic.tools.registry import load_tools\n"
+            "from verl_agentic.reward.base import REWARD_MANAGERS\n"
+            "print('parser', type(get_parser('python_code')).__module__)\n"
+            "print('tool', type(load_tools([{'class_name': 'calculator'}])[0]).__module__)\n"
+            "print('managers', REWARD_MANAGERS.names())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "parser verl_agentic.tools.parsers.python_code" in out and "tool verl_agentic.tools.calculator" in out
+    assert "managers ['naive', 'prime', 'remote', 'swedev']" in out
     assert "before False" in out
     assert "scorer verl_agentic.tasks.gsm8k.scorer.gsm8k_score" in out
     assert "interaction verl_agentic.tasks.gsm8k.interactions" in out

@@ -1,8 +1,8 @@
 """The configuration the CLIs and the trainer share: the hydra config files, and what is built from
 their sections (the rollout settings, the generation backend, the reward manager).
 
-``verl_agentic/config/rollout.yaml`` and ``ppo.yaml`` hold every key. The functions import the layers
-they build from on first use, not with this module, so a CLI's ``--help`` does not load torch.
+``verl_agentic/config/rollout.yaml`` and ``ppo.yaml`` hold every key. The generation backends load on
+first use, not with this module, so a CLI's ``--help`` does not load torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.reward import RewardConfig, make_reward_manager
+from verl_agentic.rollout import RolloutConfig
 
 CONFIG_DIR = str(Path(__file__).parent / "config")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +39,6 @@ def resolve_data_path(path: str) -> Path:
 
 
 def rollout_config(cfg: DictConfig):
-    from verl_agentic.rollout import RolloutConfig
-
     r = cfg.rollout
     return RolloutConfig(
         n=r.n, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
@@ -52,7 +53,6 @@ def make_backend(cfg: DictConfig) -> Any:
     backends = ("hf", "openai")
     if cfg.rollout.backend not in backends:
         raise ConfigError(f"unknown rollout.backend {cfg.rollout.backend!r}; available: {', '.join(backends)}")
-    from verl_agentic.models.embedded import resolve_model_path
 
     if cfg.rollout.backend == "openai":  # a server generates; model.path (or openai.tokenizer) gives the tokenizer
         from verl_agentic.backends.openai_http import OpenAIBackend
@@ -67,6 +67,7 @@ def make_backend(cfg: DictConfig) -> Any:
             retry_backoff_s=o["retry_backoff_s"], tool_choice=o["tool_choice"],
             chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs) or {},
             api_key=os.environ[o["api_key_env"]] if o["api_key_env"] else None)
+    # on first use (torch, transformers)
     from verl_agentic.backends.hf import HFBackend, hf_options
 
     path = resolve_model_path(cfg.model.path)
@@ -80,8 +81,6 @@ def reward_settings(cfg: DictConfig, progress: Optional[bool] = None) -> Optiona
 
     ``progress``: forced when given; else the section's own, by default ``not output.quiet``.
     """
-    from verl_agentic.reward import RewardConfig
-
     r = OmegaConf.to_container(cfg.reward, resolve=True) if "reward" in cfg else {"manager": "none"}
     if r.get("manager") in (None, "none"):
         return None
@@ -95,7 +94,5 @@ def reward_settings(cfg: DictConfig, progress: Optional[bool] = None) -> Optiona
 
 def reward_manager(cfg: DictConfig):
     """The reward manager configured in ``reward``, or None for ``reward.manager=none``."""
-    from verl_agentic.reward import RewardConfig, make_reward_manager
-
     r = reward_settings(cfg)
     return None if r is None else make_reward_manager(RewardConfig.from_dict(r))

@@ -15,9 +15,11 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from verl_agentic.main_rollout import run_or_exit
 
 
 def train(cfg: DictConfig) -> list[dict]:
+    # torch and verl load when training starts, not for --help
     from verl_agentic.trainer import PPOTrainer
 
     t0 = time.monotonic()
@@ -48,8 +50,6 @@ def train(cfg: DictConfig) -> list[dict]:
 
 @hydra.main(config_path="config", config_name="ppo", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    from verl_agentic.main_rollout import run_or_exit
-
     run_or_exit(train, cfg)
 
 

@@ -27,16 +27,16 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     rollout_config,
 )
 from verl_agentic.interfaces import ConfigError
-
+from verl_agentic.reward import score_trajectories
+from verl_agentic.rollout import AsyncRollout, format_table, summarize, write_jsonl
+from verl_agentic.rollout.async_rollout import resolve_tasks
+from verl_agentic.rollout.trajectory import drift_summary
+from verl_agentic.tasks import get_task
+from verl_agentic.tasks.data import load_rows
 
 
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary)."""
-    from verl_agentic.tasks.data import load_rows
-    from verl_agentic.rollout import AsyncRollout, format_table, summarize, write_jsonl
-    from verl_agentic.rollout.async_rollout import resolve_tasks
-    from verl_agentic.rollout.trajectory import drift_summary
-    from verl_agentic.tasks import get_task
 
     quiet = bool(cfg.output.quiet)
     get_task(cfg.task_type)  # an unknown task_type fails before anything loads
@@ -59,8 +59,6 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
         trajectories = rollout.run_sync(rows)
         reward_summary = None
         if scorer is not None:
-            from verl_agentic.reward import score_trajectories
-
             t0 = time.perf_counter()
             score_trajectories(trajectories, scorer)
             reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0, **scorer.stats()}

@@ -24,14 +24,13 @@ servers answer it; the environment then sees the raw text.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from verl_agentic.backends.base import GenerationBackend
 from verl_agentic.interfaces import ChatOutput, GenOutput, SamplingParams
+from verl_agentic.rollout.loops import ended_on_stop
+from verl_agentic.rollout.template import ChatTemplate
 from verl_agentic.tools.parsers import ToolCall, ToolCallParser, get_parser
-
-if TYPE_CHECKING:  # verl_agentic.rollout imports the tasks, and gen_chat imports this module
-    from verl_agentic.rollout.template import ChatTemplate
 
 
 def calls_from_message(message: dict) -> list[ToolCall]:
@@ -81,8 +80,6 @@ def chat_output(out: GenOutput, tokenizer: Any, stop_token_ids: set[int], parser
     The content is the decoded generation without its stop token (as the token loop stores
     it); with tool calls it is the parser's content (markup removed, stripped).
     """
-    from verl_agentic.rollout.loops import ended_on_stop
-
     stopped = ended_on_stop(out.token_ids, out.finish_reason, stop_token_ids)
     text = tokenizer.decode(out.token_ids[:-1] if stopped else out.token_ids, skip_special_tokens=False)
     message: dict = {"role": "assistant", "content": text}
@@ -112,8 +109,6 @@ class ChatAdapter(GenerationBackend):
 
     def __init__(self, backend: GenerationBackend, parser: str | ToolCallParser = "hermes",
                  template: Optional[ChatTemplate] = None, chat_template_kwargs: Optional[dict] = None):
-        from verl_agentic.rollout.template import ChatTemplate
-
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.stop_token_ids = list(backend.stop_token_ids or [])

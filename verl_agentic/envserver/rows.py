@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.rollout import write_jsonl
+from verl_agentic.tasks.data import load_rows
+from verl_agentic.tasks.gen_chat import as_gen_chat_row
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -27,9 +30,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("output", help="output .jsonl")
     ap.add_argument("--max-samples", type=int, default=None)
     args = ap.parse_args(argv)
-    from verl_agentic.tasks.data import load_rows
-    from verl_agentic.rollout import write_jsonl
-    from verl_agentic.tasks.gen_chat import as_gen_chat_row
 
     out = Path(args.output)
     try:

@@ -64,6 +64,7 @@ from verl_agentic.interfaces import (
     RolloutContext,
 )
 from verl_agentic.serving import serve_app
+from verl_agentic.tasks import TASKS
 from verl_agentic.tools.parsers import get_parser
 
 DEFAULT_SESSION_TTL_S = 600.0
@@ -182,8 +183,6 @@ class EnvService:
 
     # -- endpoints ---------------------------------------------------------------------------------
     async def start(self, body: dict) -> dict:
-        from verl_agentic.tasks import TASKS
-
         task_type, row = body.get("task_type"), body.get("row")
         if not isinstance(task_type, str) or not isinstance(row, dict):
             raise ServiceError(400, "bad_request", "/start needs 'task_type' (a string) and 'row' (an object)")
@@ -361,8 +360,6 @@ class EnvService:
                              return_exceptions=True)
 
     def health(self) -> dict:
-        from verl_agentic.tasks import TASKS
-
         return {"status": "ok", "tasks": TASKS.names(), "sessions": len(self.sessions),
                 "sessions_by_task": dict(Counter(s.task_type for s in self.sessions.values())),
                 "session_ttl_s": self.session_ttl_s, "hook_timeout_s": self.hook_timeout_s,

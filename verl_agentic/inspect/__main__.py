@@ -10,6 +10,8 @@ import argparse
 import sys
 import time
 
+from verl_agentic.inspect.report import serve, write_report
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_agentic.inspect",
@@ -26,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000, help="port for --serve (0: any free port)")
     args = p.parse_args(argv)
 
-    from verl_agentic.inspect.report import serve, write_report
 
     t0 = time.perf_counter()
     try:

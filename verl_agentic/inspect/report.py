@@ -21,8 +21,13 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_agentic.inspect.compare import compare_runs
+from verl_agentic.inspect.plots import run_plots, write_pngs
 from verl_agentic.inspect.runs import Run, load_run
 from verl_agentic.inspect.stats import accuracy_of, logprob_gaps
+from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.rollout.metrics import summarize
+from verl_agentic.rollout.trajectory import check_drift
 
 STATIC_DIR = Path(__file__).parent / "static"
 DATA_ELEMENT_ID = "va-data"
@@ -54,8 +59,6 @@ def embed_json(obj: Any) -> str:
 def load_tokenizer(run: Run, override: Optional[str] = None) -> tuple[Any, Optional[Path], str]:
     """(tokenizer or None, its folder, a note for the page) from ``--tokenizer``, the run's ``model.path``,
     or a training dir's saved policy (``hf_model/``)."""
-    from verl_agentic.models.embedded import resolve_model_path
-
     source = override or run.model_path
     if source is None and (run.path / "hf_model" / "config.json").exists():
         source = str(run.path / "hf_model")
@@ -159,10 +162,6 @@ def episode_data(i: int, t: dict, drift: Optional[dict]) -> tuple[dict, dict]:
 def build_run_data(run: Run, tokenizer: Any = None, *, drift: bool = True, stop_token_ids: Optional[list[int]] = None,
                    tokenizer_note: str = "") -> tuple[dict, list[dict]]:
     """One run's part of the page data, and the per-episode details (in episode order)."""
-    from verl_agentic.inspect.plots import run_plots
-    from verl_agentic.rollout.metrics import summarize
-    from verl_agentic.rollout.trajectory import check_drift
-
     trajectories = run.trajectories
     vocab, special = {}, []
     if tokenizer is not None:
@@ -234,8 +233,6 @@ def write_report(output_dir: str | Path, out_dir: str | Path | None = None, *, t
 
     ``out_dir`` defaults to ``<output_dir>/report``, or ``<output_dir>/compare-<name of the other run>``
     with ``compare``."""
-    from verl_agentic.inspect.compare import compare_runs
-    from verl_agentic.inspect.plots import write_pngs
 
     run = load_run(output_dir)
     other = load_run(compare) if compare is not None else None  # both read before the slow part

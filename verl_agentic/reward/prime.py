@@ -120,6 +120,7 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, timeout_s: float, scorer_mo
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped automatically
     sock = socket.socket(fileno=sock_fd)
     try:
+        # in the forked template process, inside the try that reports a failed start to the parent
         from verl_agentic.reward.scorers import import_scorer_modules, preload_modules
 
         import_scorer_modules(scorer_modules)
@@ -180,6 +181,7 @@ def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int, timeout_s: f
 
             limit = memory_limit_mb * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        # in the worker process, inside the try that reports a failed start
         from verl_agentic.reward.naive import score_one
     except BaseException:
         conn.send(("fatal", traceback.format_exc()))

@@ -52,7 +52,14 @@ from typing import Any, AsyncIterator, Optional, Sequence
 from aiohttp import web
 
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.reward.base import RewardConfig, RewardItem, RewardManager, RewardResult, make_reward_manager
+from verl_agentic.reward.base import (
+    REWARD_MANAGERS,
+    RewardConfig,
+    RewardItem,
+    RewardManager,
+    RewardResult,
+    make_reward_manager,
+)
 from verl_agentic.reward.scorers import SCORERS, import_scorer_modules
 from verl_agentic.serving import run_service, serve_app
 
@@ -235,7 +242,6 @@ def make_app(config: Optional[RewardConfig] = None, *, max_request_mb: float = D
     config.validate()
     if max_request_mb <= 0:
         raise ConfigError(f"--max-request-mb must be > 0, got {max_request_mb}")
-    from verl_agentic.reward.base import REWARD_MANAGERS
 
     REWARD_MANAGERS.get(config.manager)  # an unknown manager is a ConfigError now, not at startup
     import_scorer_modules(config.scorer_modules)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from verl_agentic.interfaces import EpisodeFailure
+from verl_agentic.tools.runner import tools_system_block
 
 # A string no model produces and no template transforms: marks where an assistant content sits.
 SENTINEL = "\u2060\u2063verl-agentic-assistant-{}\u2063\u2060"
@@ -49,7 +50,6 @@ class ChatTemplate:
         """For templates without tool support: the tools as a hermes-style block in the system message."""
         if not tools or self.supports_tools:
             return messages
-        from verl_agentic.tools.runner import tools_system_block
 
         block = tools_system_block(tools)
         if messages and messages[0].get("role") == "system":

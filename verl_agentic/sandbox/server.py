@@ -82,10 +82,13 @@ from typing import Any, AsyncIterator, Optional, Sequence
 from aiohttp import web
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.isolation import ISOLATION_MODES, SandboxLimits, check_isolation, sandbox_support
+from verl_agentic.reward.base import RewardItem, RewardResult, ScoreError
+from verl_agentic.reward.naive import score_one
+from verl_agentic.reward.scorers import SCORERS
 from verl_agentic.sandbox import runtime
 from verl_agentic.sandbox.runtime import Changes, FileSet, HiddenTests, PathError
 from verl_agentic.serving import run_service, serve_app
-from verl_agentic.isolation import ISOLATION_MODES, SandboxLimits, check_isolation, sandbox_support
 
 ROOT_PREFIX = "va_sandboxd-"
 _GONE_MEMORY = 10_000  # ids of destroyed sandboxes remembered, for precise 404 messages
@@ -633,16 +636,11 @@ class Scoring:
         self.counts: collections.Counter = collections.Counter()
 
     def health(self) -> dict:
-        from verl_agentic.reward.scorers import SCORERS
-
         return {"manager": "sandbox", "workers": self.workers, "timeout_s": self.timeout_s,
                 "max_request_bytes": self.max_request_bytes, "scorers": SCORERS.names(),
                 "score_stats": dict(self.counts)}
 
     async def score(self, item: Any, scorer_kwargs: dict) -> Any:
-        from verl_agentic.reward.base import RewardResult, ScoreError
-        from verl_agentic.reward.naive import score_one
-
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(self.pool.submit(score_one, item, None, scorer_kwargs)),
                                             self.timeout_s)
@@ -661,8 +659,6 @@ _SCORING = web.AppKey("scoring", Scoring)
 
 
 async def _score(request: web.Request) -> web.Response:
-    from verl_agentic.reward.base import RewardItem
-    from verl_agentic.reward.scorers import SCORERS
 
     body = await _json(request)
     _check_keys(body, ("items", "scorer", "scorer_kwargs"))
@@ -686,8 +682,6 @@ async def _score(request: web.Request) -> web.Response:
 
 
 async def _scorers(request: web.Request) -> web.Response:
-    from verl_agentic.reward.scorers import SCORERS
-
     return web.json_response({"scorers": SCORERS.names()})
 
 

@@ -31,9 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
 from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, RolloutContext, check_keys
+from verl_agentic.reward.base import RewardItem
+from verl_agentic.reward.scorers import run_scorer
 from verl_agentic.rollout.task_spec import TaskSpec, register_task
+from verl_agentic.tasks.data import PREPROCESS_DATASET, PROMPT_GENERATOR, DatasetError
+from verl_agentic.tasks.gsm8k import ground_truth_from_solution
 from verl_agentic.tasks.tool_agent import ToolAgentConfig, tool_agent_end, tool_agent_obs, tool_agent_start
 from verl_agentic.tools.search import BUILD_COMMAND
 
@@ -92,8 +95,6 @@ def dr_prompt(raw: dict) -> list[dict]:
 @PREPROCESS_DATASET.register("dr")
 def dr_preprocess(raw: dict, index: int) -> dict:
     """A raw ``question`` / ``answer`` row -> a dr rollout row (see the module docstring)."""
-    from verl_agentic.tasks.gsm8k import ground_truth_from_solution
-
     answer = raw.get("answer")
     if not isinstance(answer, str) or not answer.strip():
         raise DatasetError("field 'answer' is missing or empty")
@@ -116,8 +117,6 @@ async def dr_start(row: dict, ctx: RolloutContext) -> EpisodeState:
 
 
 async def dr_end(state: EpisodeState) -> EpisodeResult:
-    from verl_agentic.reward.base import RewardItem
-    from verl_agentic.reward.scorers import run_scorer
 
     result = await tool_agent_end(state)  # releases the tool; tool metrics
     if state.task is None:

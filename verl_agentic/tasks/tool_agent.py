@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from verl_agentic.interactions import load_interactions
 from verl_agentic.interfaces import (
     EpisodeResult,
     EpisodeState,
@@ -42,6 +43,9 @@ from verl_agentic.interfaces import (
     check_keys,
 )
 from verl_agentic.rollout.task_spec import TaskSpec, register_task
+from verl_agentic.tools import load_tools
+from verl_agentic.tools.parsers import get_parser
+from verl_agentic.tools.runner import ToolRunner
 
 
 @dataclass
@@ -69,9 +73,6 @@ class ToolAgentConfig:
 @functools.lru_cache(maxsize=32)
 def _components(key: str) -> tuple:
     """Tools, parser and interactions for a config, built once per process (instances are per episode)."""
-    from verl_agentic.interactions import load_interactions
-    from verl_agentic.tools import load_tools
-    from verl_agentic.tools.parsers import get_parser
 
     d = json.loads(key)
     return load_tools(d["tools"]), get_parser(d["parser"]), load_interactions(d["interaction"])
@@ -89,8 +90,6 @@ class ToolAgentState:
 
 
 async def tool_agent_start(row: dict, ctx: RolloutContext, config: Optional[ToolAgentConfig] = None) -> EpisodeState:
-    from verl_agentic.tools.runner import ToolRunner
-
     cfg = config or ToolAgentConfig.from_dict(dict(ctx.task_config))
     tools, parser, interactions = _components(cfg.key())
     extra = row.get("extra_info") or {}

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl_agentic.tools.base import BaseTool, ToolResult
+from verl_agentic.tools.parsers import get_parser
 
 
 @dataclass
@@ -55,8 +56,6 @@ class TurnResult:
 class ToolRunner:
     def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,
                  max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None):
-        from verl_agentic.tools.parsers import get_parser
-
         self.tools = {t.name: t for t in tools}
         self.parser = get_parser(parser) if isinstance(parser, str) else parser
         self.call_timeout_s = call_timeout_s

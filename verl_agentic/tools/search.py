@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Sequence
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.serving import run_until_signalled, serve_app
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.registry import register_tool_class
 
@@ -377,8 +378,6 @@ def make_app(index: SearchIndex):
 @contextlib.asynccontextmanager
 async def serve(index: str | os.PathLike | SearchIndex, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve ``index`` in this event loop; yields ``http://host:port`` (the real port when ``port=0``)."""
-    from verl_agentic.serving import serve_app
-
     idx = index if isinstance(index, SearchIndex) else SearchIndex(index)
     try:
         async with serve_app(make_app(idx), host, port, shutdown_timeout=1.0) as url:
@@ -418,8 +417,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for rank, hit in enumerate(SearchIndex(args.index).search(args.query, args.k), 1):
                 print(f"#{rank}  id={hit.id}  score={hit.score:.3f}\n{format_hits([hit], args.max_chars)[4:]}\n")
         else:
-            from verl_agentic.serving import run_until_signalled
-
             index = SearchIndex(args.index)
             asyncio.run(run_until_signalled(serve(index, args.host, args.port),
                                             lambda url: f"search server listening on {url} ({index.num_docs} docs)"))

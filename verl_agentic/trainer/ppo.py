@@ -38,9 +38,18 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl_agentic.interfaces import ConfigError
 import verl_agentic.trainer.checkpoint as ckpt
+from verl_agentic.backends.hf import HFBackend, hf_options
+from verl_agentic.config import resolve_data_path, reward_manager, reward_settings, rollout_config
+from verl_agentic.interfaces import ConfigError
+from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.reward import score_trajectories
+from verl_agentic.rollout import AsyncRollout, write_jsonl
+from verl_agentic.rollout.async_rollout import resolve_tasks
+from verl_agentic.tasks import get_task
+from verl_agentic.tasks.data import load_rows
 from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
 
 
@@ -262,11 +271,6 @@ class PPOTrainer:
     """Trains ``model.path`` on ``task_type`` rollouts. See the module docstring and ``config/ppo.yaml``."""
 
     def __init__(self, cfg: DictConfig, model: Any = None, tokenizer: Any = None) -> None:
-        from verl_agentic.tasks.data import load_rows
-        from verl_agentic.config import resolve_data_path, reward_manager, reward_settings, rollout_config
-        from verl_agentic.rollout.async_rollout import resolve_tasks
-        from verl_agentic.tasks import get_task
-
         self.cfg = cfg
         t = cfg.trainer
         for key in ("total_steps", "batch_size"):
@@ -303,16 +307,11 @@ class PPOTrainer:
         torch.manual_seed(self.seed)
 
         if model is None:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            from verl_agentic.models.embedded import resolve_model_path
-
             path = resolve_model_path(cfg.model.path)
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         if tokenizer is None:
             raise ConfigError("PPOTrainer: a model was given without its tokenizer")
-        from verl_agentic.backends.hf import HFBackend, hf_options
 
         self.model = model.float()
         self.tokenizer = tokenizer
@@ -351,6 +350,7 @@ class PPOTrainer:
         self.tracker = self._make_tracker()
         self.ray = None
         if self.use_ray:
+            # Ray is optional (trainer.use_ray)
             from verl_agentic.trainer.ray_workers import RayWorkers
 
             self.ray = RayWorkers(self, OmegaConf.to_container(t.ray_init, resolve=True) or {})
@@ -441,8 +441,6 @@ class PPOTrainer:
     # ------------------------------------------------------------------ one step
 
     def _rollout(self, rows: list[dict], rollout_cfg: Any = None) -> list[dict]:
-        from verl_agentic.rollout import AsyncRollout
-
         # Step-dependent sampling seeds: a resumed run samples exactly what an uninterrupted one would.
         seed = self.seed * 7919 + self.step
         rollout_cfg = rollout_cfg or self.rollout_cfg
@@ -455,8 +453,6 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy episodes (n=1) on the held-out rows with the current weights: ``val/*`` metrics (see
         :func:`validation_metrics`); the episodes go to ``validation/step_XXXXXX.jsonl``."""
-        from verl_agentic.rollout import write_jsonl
-
         t0 = time.perf_counter()
         trajs = self._rollout(self.val_rows, self.val_rollout_cfg)
         rewards = self._rewards(trajs)
@@ -480,8 +476,6 @@ class PPOTrainer:
         if self.ray is not None:
             self.ray.score(trajs)
         else:
-            from verl_agentic.reward import score_trajectories
-
             score_trajectories(trajs, self.scorer)
         return [None if t["score"] is None else float(t["score"]) for t in trajs]
 
@@ -729,8 +723,6 @@ class PPOTrainer:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"step": self.step, **clean}) + "\n")
         if bool(self.cfg.trainer.save_rollouts) and trajs:
-            from verl_agentic.rollout import write_jsonl
-
             (self.out_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.out_dir / "rollouts" / f"step_{self.step:06d}.jsonl", trajs)
         if self.tracker is not None:

@@ -19,6 +19,10 @@ from typing import Any
 
 import torch
 
+from verl_agentic.backends.hf import HFBackend
+from verl_agentic.reward import RewardConfig, make_reward_manager, score_trajectories
+from verl_agentic.rollout import AsyncRollout
+
 
 class RolloutWorker:
     """Runs ``AsyncRollout`` against an HF backend of its own (a Ray actor)."""
@@ -27,7 +31,6 @@ class RolloutWorker:
                  default_task_type: str, max_batch_size: int, seed: int, hf_options: dict | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        from verl_agentic.backends.hf import HFBackend
 
         config = copy.deepcopy(model_config)
         # the trainer's backend may have switched the model to our grouped attention, which is
@@ -49,8 +52,6 @@ class RolloutWorker:
         return self.backend._seed_rng.getstate()
 
     def rollout(self, rows: list[dict], seed: int, rollout_cfg: Any = None) -> list[dict]:
-        from verl_agentic.rollout import AsyncRollout
-
         r = AsyncRollout(self.backend, rollout_cfg or self.rollout_cfg, task_configs=self.task_configs,
                          default_task_type=self.default_task_type, seed=seed, progress=False)
         return r.run_sync(rows)
@@ -63,13 +64,9 @@ class RewardWorker:
     """Scores trajectories with the configured reward manager (a Ray actor)."""
 
     def __init__(self, reward_config: dict) -> None:
-        from verl_agentic.reward import RewardConfig, make_reward_manager
-
         self.manager = make_reward_manager(RewardConfig.from_dict(reward_config))
 
     def score(self, trajectories: list[dict]) -> list[dict]:
-        from verl_agentic.reward import score_trajectories
-
         score_trajectories(trajectories, self.manager)
         return [{"score": t["score"], "score_extra": t["score_extra"], "score_error": t["score_error"]}
                 for t in trajectories]

@@ -232,6 +232,7 @@ class _EpisodeHooks:
         self.obs_s = 0.0
 
     async def start(self, row: dict, ctx: RolloutContext) -> Any:
+        # the plugin is imported by `import verl` in every verl process: the rest loads on first use
         from verl_agentic.rollout.loops import maybe_await
 
         state = await maybe_await(self.spec.start(row, ctx))
@@ -246,6 +247,7 @@ class _EpisodeHooks:
         return state
 
     async def obs(self, state: EpisodeState, out: Any) -> Any:
+        # the plugin is imported by `import verl` in every verl process: the rest loads on first use
         from verl_agentic.rollout.loops import maybe_await
 
         t0 = time.perf_counter()
@@ -295,6 +297,7 @@ class TaskAgentLoop(AgentLoopBase):
         return row
 
     def _task(self, row: dict, kwargs: dict) -> tuple[str, Any]:
+        # the plugin is imported by `import verl` in every verl process: the rest loads on first use
         from verl_agentic.rollout.task_spec import TASKS
 
         name = row.get("task_type") or self.settings.task_type

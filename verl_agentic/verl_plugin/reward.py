@@ -223,6 +223,7 @@ def _shared_manager(cfg: RewardConfig) -> RewardManager:
     with _SHARED_LOCK:
         manager = _SHARED.get(key)
         if manager is None:
+            # the plugin is imported by `import verl` in every verl process: the rest loads on first use
             from verl_agentic.reward.base import make_reward_manager
 
             manager = _SHARED[key] = make_reward_manager(cfg)

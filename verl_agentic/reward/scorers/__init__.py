@@ -22,8 +22,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional
 
+from verl_agentic.interfaces import ConfigError
 from verl_agentic.registry import Registry
-from verl_agentic.reward.base import RewardItem, ScoreError, normalize_score
+from verl_agentic.reward.items import RewardItem, ScoreError, normalize_score
 
 SCORERS: Registry[Callable[..., Any]] = Registry("scorer", "verl_agentic.scorers")
 _PRELOAD: set[str] = set()
@@ -59,8 +60,6 @@ def import_scorer_modules(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(m)
         except ImportError as e:
-            from verl_agentic.interfaces import ConfigError
-
             raise ConfigError(f"reward.scorer_modules: cannot import {m!r}: {e}") from e
 
 

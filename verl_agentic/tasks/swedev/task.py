@@ -74,6 +74,8 @@ from verl_agentic.sandbox.runtime import HiddenTests
 from verl_agentic.tasks.swedev.data import instance_from_row
 from verl_agentic.tasks.swedev.scorer import SUBMISSION_KEY
 from verl_agentic.tasks.swedev.tools import SANDBOX_TOOLS, SandboxSession
+from verl_agentic.tools.parsers import get_parser
+from verl_agentic.tools.runner import ToolRunner
 
 
 # --- config ----------------------------------------------------------------------------------------
@@ -127,8 +129,6 @@ class SwedevConfig:
 @functools.lru_cache(maxsize=32)
 def _components(key: str) -> tuple:
     """Tool instances and the parser of a config, once per process (episodes bind their own sessions)."""
-    from verl_agentic.tools.parsers import get_parser
-
     d = json.loads(key)
     return [SANDBOX_TOOLS[name]() for name in d["tools"]], get_parser(d["parser"])
 
@@ -144,8 +144,6 @@ class SwedevState:
 
 
 async def swedev_start(row: dict, ctx: RolloutContext) -> EpisodeState:
-    from verl_agentic.tools.runner import ToolRunner
-
     cfg = SwedevConfig.from_dict(dict(ctx.task_config))
     instance, tests = instance_from_row(row)
     tools, parser = _components(cfg.key())

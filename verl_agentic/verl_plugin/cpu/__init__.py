@@ -45,6 +45,7 @@ def activate() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    # CPU mode only: loaded when the platform is switched to CPU
     from verl_agentic.verl_plugin.cpu import patches
     from verl_agentic.verl_plugin.cpu.platform import PlatformCPU
 
@@ -58,6 +59,7 @@ def activate() -> None:
 
 
 def _load_replica():
+    # CPU mode only: verl asks for the replica class when it builds the rollout
     from verl_agentic.verl_plugin.cpu.hf_rollout import HFReplica
 
     return HFReplica

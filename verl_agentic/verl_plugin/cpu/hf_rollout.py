@@ -70,6 +70,7 @@ class HFRolloutServer:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
+        # in the rollout worker, when verl builds it (the module is imported by every verl process)
         from verl_agentic.backends.hf import HFBackend
         from verl_agentic.verl_plugin.backend import BackendLLMClient
 
