@@ -60,6 +60,19 @@ def _arm(estimator: str, feedback: str, extraction: str = "flexible", schedule: 
             f"task.gsm8k.extraction={extraction}", *schedule]
 
 
+# The format experiment (seed 003's TODO 1) runs on the "####" variant of the splits: strict extraction
+# reads only "#### N", and the plain rows ask for the number alone. The scorer extracts as the task
+# does; the penalty is the gsm8k scorer's no_answer_score (a response the extraction cannot read).
+HASH_RETRY = 'That is not right. Try again. Answer with "####" and the number.'
+
+
+def _format_arm(extraction: str, penalty: float) -> list[str]:
+    return [*_arm("turn_loo", "retry", extraction, B8COS),
+            "data.path=examples/word_problems/train_hash.jsonl", "data.val_path=examples/word_problems/heldout_hash.jsonl",
+            f"task.gsm8k.retry_message='{HASH_RETRY}'",
+            f"++reward.scorer_kwargs={{gsm8k:{{method:{extraction},no_answer_score:{penalty}}}}}"]
+
+
 # arm -> (what it is, its overrides on top of COMMON)
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo_retry": ("GRPO, retry feedback, flexible extraction (the headline)", _arm("grpo", "retry")),
@@ -75,6 +88,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "turn_loo_verify_b8cos": ("turn_loo, verify feedback, with the b8cos batches and schedule",
                               _arm("turn_loo", "verify", schedule=B8COS)),
     "turn_loo_retry": ("turn_loo (turn-level leave-one-out), retry feedback", _arm("turn_loo", "retry")),
+    "hash_flexible": ("turn_loo_retry_b8cos on the '####' rows, flexible extraction", _format_arm("flexible", 0.0)),
+    "hash_strict": ("turn_loo_retry_b8cos on the '####' rows, strict extraction", _format_arm("strict", 0.0)),
+    "hash_flexible_penalty": ("the same, flexible, an unreadable answer scores -0.2", _format_arm("flexible", -0.2)),
+    "hash_strict_penalty": ("the same, strict, an answer without '#### N' scores -0.2", _format_arm("strict", -0.2)),
 }
 
 # experiment -> (question, arms compared, seeds per arm). The headline's arm is the first of its list.
@@ -91,6 +108,8 @@ EXPERIMENTS: dict[str, tuple[str, list[str], int]] = {
     "credit": ("turn-level advantage vs episode-level GRPO (8 problems a step)",
                ["grpo_retry_b8cos", "turn_loo_retry_b8cos"], 2),
     "credit_b4": ("the same at 4 problems a step, 50 steps (the first runs)", ["grpo_retry", "turn_loo_retry"], 2),
+    "format": ("strict vs flexible extraction, format penalty off/on (the '####' rows)",
+               ["hash_flexible", "hash_strict", "hash_flexible_penalty", "hash_strict_penalty"], 2),
 }
 HEADLINE_GAIN = 0.10
 VAL_KEYS = ("val/accuracy/first_turn", "val/accuracy/final", "val/flip_rate/wrong_to_right",

@@ -1,5 +1,7 @@
 """GSM8K-style word problems of graded difficulty (1, 2 or 3 arithmetic operations), seeded, in two
-disjoint splits: ``train.jsonl`` and ``heldout.jsonl`` (no question text in both).
+disjoint splits: ``train.jsonl`` and ``heldout.jsonl`` (no question text in both). ``train_hash.jsonl``
+and ``heldout_hash.jsonl`` are the same problems asking for the answer after ``####`` (for the
+strict-extraction and format-penalty experiment: strict extraction reads only ``#### N``).
 
 Rows are the gsm8k preprocessor's output (``PREPROCESS_DATASET["gsm8k"]``: prompt, ground truth,
 extra_info) with a short-answer instruction, ``data_source: verl_agentic/word_problems`` (scored by the
@@ -20,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 DATA_SOURCE = "verl_agentic/word_problems"
 INSTRUCTION = "Answer with the number only."
+HASH_INSTRUCTION = 'Answer with "####" and the number, for example "#### 12".'
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Maya", "Ben", "Zoe", "Ivan", "Nia"]
 THINGS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "stickers", "beads"]
 
@@ -84,14 +87,14 @@ def problem(rng: random.Random, ops: int) -> dict:
     return {"question": q, "answer": ". ".join(lines) + f".\n#### {results[-1]}", "ops": ops}
 
 
-def make_rows(problems: list[dict]) -> list[dict]:
+def make_rows(problems: list[dict], instruction: str = INSTRUCTION) -> list[dict]:
     from verl_agentic.tasks.data import preprocess_row
 
     rows = []
     for i, raw in enumerate(problems):
         row = preprocess_row({"question": raw["question"], "answer": raw["answer"]}, i, "gsm8k")
         row["data_source"] = DATA_SOURCE
-        row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{INSTRUCTION}"}]
+        row["prompt"] = [{"role": "user", "content": f"{raw['question']}\n{instruction}"}]
         row["extra_info"]["ops"] = raw["ops"]
         rows.append(row)
     return rows
@@ -125,9 +128,10 @@ def main() -> None:
     train, heldout = generate(args.seed, args.train_per_level, args.heldout_per_level)
     out = Path(args.out)
     for name, problems in (("train", train), ("heldout", heldout)):
-        rows = make_rows(problems)
-        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        print(f"wrote {len(rows)} problems to {out / f'{name}.jsonl'}")
+        for suffix, instruction in (("", INSTRUCTION), ("_hash", HASH_INSTRUCTION)):
+            rows = make_rows(problems, instruction)
+            (out / f"{name}{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            print(f"wrote {len(rows)} problems to {out / f'{name}{suffix}.jsonl'}")
 
 
 if __name__ == "__main__":

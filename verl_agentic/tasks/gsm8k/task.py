@@ -68,6 +68,7 @@ class Gsm8kConfig:
     def from_dict(cls, d: dict) -> "Gsm8kConfig":
         own = set(cls.__dataclass_fields__) - {"agent"}
         check_keys(d, sorted(own | set(ToolAgentConfig.KEYS)), "task.gsm8k")
+        d = {k: v for k, v in d.items() if not (k in ("retry_message", "verify_message") and v is None)}  # null: default
         agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
         if agent.get("tools") is not None or agent.get("interaction") is not None:
             agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now
