@@ -112,6 +112,7 @@ EXPERIMENTS: dict[str, tuple[str, list[str], int]] = {
                ["hash_flexible", "hash_strict", "hash_flexible_penalty", "hash_strict_penalty"], 2),
 }
 HEADLINE_GAIN = 0.10
+HEADLINE_BUDGET_MIN = 30.0  # "<= 30 min each on 2 cores"
 VAL_KEYS = ("val/accuracy/first_turn", "val/accuracy/final", "val/flip_rate/wrong_to_right",
             "val/flip_rate/right_to_wrong", "val/answered")
 
@@ -239,6 +240,8 @@ def summarize(runs_dir: Path = RUNS) -> dict:
         seed: s["gain_final"] >= HEADLINE_GAIN - 1e-9
         and s["end"]["val/flip_rate/wrong_to_right"] > s["base"]["val/flip_rate/wrong_to_right"]
         for seed, s in sorted(head.items())}
+    experiments["headline"]["within_budget"] = {seed: s["wall_min"] <= HEADLINE_BUDGET_MIN
+                                                for seed, s in sorted(head.items())}
     return {"arms": arms, "experiments": experiments}
 
 
@@ -266,10 +269,11 @@ def tables(summary: dict) -> str:
                          f"{r['gain_final']:+.3f} | {r['end_first_turn']:.3f} | {r['end_wrong_to_right']:.3f} | "
                          f"{r['end_answered']:.3f} |")
         if name == "headline":
-            held = e["holds"]
+            held, budget = e["holds"], e["within_budget"]
             lines += ["", f"Headline (gain >= {HEADLINE_GAIN:.2f} and more wrong->right flips than the base): "
                       f"holds in {sum(held.values())}/{len(held)} seeds"
-                      + (f" ({', '.join(f'{k}: {v}' for k, v in held.items())})" if held else "") + "."]
+                      + (f" ({', '.join(f'{k}: {v}' for k, v in held.items())})" if held else "") + "; "
+                      f"within {HEADLINE_BUDGET_MIN:.0f} minutes of wall time: {sum(budget.values())}/{len(budget)}."]
     return "\n".join(lines) + "\n"
 
 
