@@ -241,7 +241,7 @@ async def test_client_retries_transport_faults_then_gives_a_typed_error(mode, er
             client = EnvClient(proxy_url, request_timeout_s=1.0, max_retries=1, retry_backoff_s=0.01)
             with pytest.raises(EnvServiceError) as e:
                 await client.step(f"retry-{mode}", 2, _msg("y"))
-            assert e.value.type == error and "(after 2 attempts)" in e.value.message
+            assert e.value.type == error and "after 2 attempts)" in e.value.message
             assert e.value.message.startswith(f"environment service {proxy_url}/step: ")
             await client.close()
 

@@ -156,7 +156,7 @@ async def test_environment_faults_are_typed_episode_errors_and_nothing_is_lost(t
     assert err == {"ok": None, "flaky": None, "step500": "env_error", "stepgarbage": "env_error",
                    "stephang": "timeout", "end500": "end_error", "start500": "env_error"}
     assert "[service_unavailable] environment service" in by_uid["step500"]["error"]["message"]
-    assert "(after 2 attempts)" in by_uid["step500"]["error"]["message"]
+    assert "after 2 attempts)" in by_uid["step500"]["error"]["message"]
     assert "[bad_response]" in by_uid["stepgarbage"]["error"]["message"]
     assert "no answer within 2.0 s" in by_uid["stephang"]["error"]["message"]
     assert by_uid["end500"]["error"]["message"].startswith("end: EpisodeFailure: [service_unavailable]")

@@ -309,7 +309,7 @@ def test_bad_training_files_name_the_line(ppo_run, tmp_path):
     with pytest.raises(ConfigError, match=rf"metrics\.jsonl:{STEPS + 1}: needs an integer 'step'"):
         load_run(bad)
     (bad / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
-    with pytest.raises(ConfigError, match=r"metrics\.jsonl:2: not a JSON line"):
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl: line 2 is not valid JSON"):
         load_run(bad)
     (bad / "metrics.jsonl").unlink()
     step1 = bad / "rollouts" / "step_000001.jsonl"

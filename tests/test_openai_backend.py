@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from verl_agentic.backends.openai_http import (
     OpenAIBackend,
+    OpenAIConfig,
     OpenAIServerError,
     ServerResponseError,
     ServerUnavailableError,
@@ -390,6 +392,22 @@ def test_bad_settings_name_the_key(kwargs, message, tokenizer):
     kwargs = {"base_url": "http://127.0.0.1:1", **kwargs}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         OpenAIBackend(kwargs.pop("base_url"), tokenizer, **kwargs)
+
+
+def test_the_openai_section_is_checked_once_into_a_dataclass():
+    from omegaconf import OmegaConf
+
+    from verl_agentic.config import load_config
+
+    section = OmegaConf.to_container(load_config([]).rollout.openai, resolve=True)
+    assert OpenAIConfig.from_dict(section) == OpenAIConfig()  # rollout.yaml's defaults are the dataclass's
+    with pytest.raises(ConfigError, match=r"unknown rollout.openai keys \['bogus'\]; known: \['base_url', "):
+        OpenAIConfig.from_dict({**section, "bogus": 1})
+    with pytest.raises(ConfigError, match="rollout.openai.max_retries must be an integer >= 0, got True"):
+        OpenAIConfig(max_retries=True)
+    assert OpenAIConfig(base_url="http://h:8000/v1/").root_url == "http://h:8000"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        OpenAIConfig().api = "chat"
 
 
 def test_main_rollout_config_builds_the_backend_with_the_api_key_from_the_environment(tiny_qwen_dir, reply_ids,

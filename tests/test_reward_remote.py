@@ -184,9 +184,9 @@ async def test_bad_requests_get_clear_4xx(server):
         for body, status, message in cases:
             async with s.post(server.url + "/score", data=body) as r:
                 answer = await r.json()
-                assert (r.status, message in answer["error"]) == (status, True), (body[:80], answer)
+                assert (r.status, message in answer["error"]["message"]) == (status, True), (body[:80], answer)
         async with s.post(server.url + "/score", json={"items": [good], "scorer": "gsm9k"}) as r:
-            assert "gsm8k" in (await r.json())["scorers"]
+            assert "gsm8k" in (await r.json())["error"]["scorers"]
         # a request-level scorer applies to the items that name none
         async with s.post(server.url + "/score", json={"items": [{"solution_str": "#### 2", "ground_truth": "2"}],
                                                         "scorer": "gsm8k"}) as r:
@@ -198,14 +198,14 @@ async def test_oversized_body_is_413_and_client_marks_only_that_item():
         async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as s:
             async with s.post(url + "/score", data=b'{"items": ["' + b"x" * 2**20 + b'"]}') as r:
                 assert r.status == 413
-                assert "limit of 262144 bytes" in (await r.json())["error"]
+                assert "limit of 262144 bytes" in (await r.json())["error"]["message"]
 
             async def chunks():  # no Content-Length: the limit applies while reading
                 for _ in range(8):
                     yield b"x" * 2**16
 
             async with s.post(url + "/score", data=chunks()) as r:
-                assert r.status == 413 and "limit of 262144 bytes" in (await r.json())["error"]
+                assert r.status == 413 and "limit of 262144 bytes" in (await r.json())["error"]["message"]
         items = [RewardItem("#### 3", "3", "gsm8k"), RewardItem("#### 3 " + "y" * 300_000, "3", "gsm8k"),
                  RewardItem("#### 4", "3", "gsm8k")]
         m = swedev(url)
@@ -381,7 +381,16 @@ def test_client_config_errors():
     with pytest.raises(ConfigError, match="batch_size"):
         make_reward_manager(RewardConfig(manager="swedev", url="http://x:1", batch_size=0))
     m = make_reward_manager(RewardConfig(manager="remote", url="http://x:1", scorer_modules=["only_on_the_server"]))
-    assert m.name == "swedev" and m.score_items([]) == []
+    assert m.name == "remote" and m.score_items([]) == []
+    with pytest.raises(ConfigError, match="reward.url is required for reward.manager=remote"):
+        make_reward_manager(RewardConfig(manager="remote"))
+
+
+def test_swedev_is_an_alias_of_remote_and_reports_the_name_it_was_selected_by():
+    old = make_reward_manager(RewardConfig(manager="swedev", url="http://x:1"))
+    new = make_reward_manager(RewardConfig(manager="remote", url="http://x:1"))
+    assert type(old) is type(new) and (old.name, new.name) == ("swedev", "remote")
+    assert make_reward_manager(RewardConfig(manager="naive")).name == "naive"
 
 
 def test_server_cli_sigterm_stops_workers_and_bad_module_fails_fast(server):

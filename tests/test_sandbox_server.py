@@ -137,11 +137,12 @@ async def test_paths_are_confined_to_the_sandbox(tmp_path):
 async def test_typed_json_errors_for_bad_requests():
     async with serve(_service(max_timeout_s=20)) as url, SandboxClient(url) as c:
         status, body = await _raw("POST", f"{url}/sandboxes", data=b"{not json")
-        assert status == 400 and body["error_type"] == "bad_request" and "not valid JSON" in body["error"]
+        assert status == 400 and body["error"]["type"] == "bad_request"
+        assert "not valid JSON" in body["error"]["message"]
         status, body = await _raw("POST", f"{url}/sandboxes", json={"instance_id": "a", "colour": "red"})
-        assert status == 400 and "unknown fields ['colour']" in body["error"]
+        assert status == 400 and "unknown fields ['colour']" in body["error"]["message"]
         status, body = await _raw("GET", f"{url}/nowhere")
-        assert status == 404 and body["error_type"] == "not_found"
+        assert status == 404 and body["error"]["type"] == "not_found"
         for limits, why in (({"memory_mb": -1}, "memory_mb"), ({"network": True}, "--allow-network"),
                             ({"wall_timeout_s": 99}, "max_timeout_s"), ({"bogus": 1}, "unknown sandbox limits")):
             with pytest.raises(SandboxError) as e:
@@ -235,8 +236,9 @@ async def test_cap_gives_429_with_counts():
         a = await c.create("cap", FILES)
         await c.create("cap")
         status, body = await _raw("POST", f"{url}/sandboxes", json={"instance_id": "cap"})
-        assert status == 429 and body["error_type"] == "too_many_sandboxes"
-        assert (body["live"], body["max_sandboxes"]) == (2, 2) and "--max-sandboxes" in body["error"]
+        assert status == 429 and body["error"]["type"] == "too_many_sandboxes"
+        err = body["error"]
+        assert (err["live"], err["max_sandboxes"]) == (2, 2) and "--max-sandboxes" in err["message"]
         with pytest.raises(SandboxError) as e:
             await c.create("cap")
         assert e.value.type == "too_many_sandboxes" and e.value.fatal
@@ -348,9 +350,9 @@ async def test_score_endpoint_speaks_the_reward_protocol_and_agrees_with_naive_a
         remote = make_reward_manager(RewardConfig(manager="swedev", url=url, scorer_kwargs=kwargs, **FAST))
         got = await remote.ascore_items(items)
         status, body = await _raw("POST", f"{url}/score", json={"items": [{"solution_str": 1}]})
-        assert status == 400 and "items[0]" in body["error"]
+        assert status == 400 and "items[0]" in body["error"]["message"]
         status, body = await _raw("POST", f"{url}/score", json={"items": [], "scorer": "nope"})
-        assert status == 404 and "swedev" in body["scorers"]
+        assert status == 404 and "swedev" in body["error"]["scorers"]
     assert [r.score for r in got[:3]] == [1.0, 0.0, 0.0] and got[4].score == 1.0
     assert got[0].extra == {"passed": True, "exit_code": 0, "tests_error": None, "files_changed": 1}
     assert got[1].extra["exit_code"] == 1 and got[2].extra["tests_error"] == "timeout"

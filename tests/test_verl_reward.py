@@ -189,7 +189,7 @@ def test_import_verl_registers_our_managers_through_the_entry_point():
         import json
         import verl
         from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
-        names = ("agentic_naive", "prime", "agentic_prime", "swedev", "agentic_swedev", "naive")
+        names = ("agentic_naive", "prime", "agentic_prime", "agentic_remote", "swedev", "agentic_swedev", "naive")
         classes = {n: get_reward_manager_cls(n) for n in names}  # what resolve_reward_manager_cls calls
         print(json.dumps({n: c.__module__ + "." + c.__qualname__ for n, c in classes.items()}))
     """)
@@ -202,6 +202,7 @@ def test_import_verl_registers_our_managers_through_the_entry_point():
         "agentic_naive": mod + "AgenticNaiveRewardManager",
         "prime": mod + "AgenticPrimeRewardManager",
         "agentic_prime": mod + "AgenticPrimeRewardManager",
+        "agentic_remote": mod + "AgenticRemoteRewardManager",
         "swedev": mod + "AgenticSwedevRewardManager",
         "agentic_swedev": mod + "AgenticSwedevRewardManager",
         "naive": "verl.experimental.reward_loop.reward_manager.naive.NaiveRewardManager",  # verl's stays verl's

@@ -7,7 +7,6 @@ first use, not with this module, so a CLI's ``--help`` does not load torch.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -55,18 +54,13 @@ def make_backend(cfg: DictConfig) -> Any:
         raise ConfigError(f"unknown rollout.backend {cfg.rollout.backend!r}; available: {', '.join(backends)}")
 
     if cfg.rollout.backend == "openai":  # a server generates; model.path (or openai.tokenizer) gives the tokenizer
-        from verl_agentic.backends.openai_http import OpenAIBackend
+        from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig
 
-        o = OmegaConf.to_container(cfg.rollout.openai, resolve=True)
-        if o["api_key_env"] and o["api_key_env"] not in os.environ:
-            raise ConfigError(f"rollout.openai.api_key_env={o['api_key_env']}, but that environment variable is not set")
-        return OpenAIBackend.from_pretrained(
-            o["tokenizer"] or resolve_model_path(cfg.model.path), o["base_url"], model=o["model"], api=o["api"],
-            concurrency=o["concurrency"], request_timeout_s=o["request_timeout_s"],
-            connect_timeout_s=o["connect_timeout_s"], max_retries=o["max_retries"],
-            retry_backoff_s=o["retry_backoff_s"], tool_choice=o["tool_choice"],
-            chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs) or {},
-            api_key=os.environ[o["api_key_env"]] if o["api_key_env"] else None)
+        settings = OpenAIConfig.from_dict(OmegaConf.to_container(cfg.rollout.openai, resolve=True))
+        settings.api_key()  # a missing key is reported before the model folder is looked up
+        return OpenAIBackend.from_config(settings, settings.tokenizer or resolve_model_path(cfg.model.path),
+                                         chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs)
+                                         or {})
     # on first use (torch, transformers)
     from verl_agentic.backends.hf import HFBackend, hf_options
 

@@ -56,6 +56,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 from urllib.parse import urlparse
@@ -63,12 +64,70 @@ from urllib.parse import urlparse
 import aiohttp
 
 from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
-from verl_agentic.interfaces import ChatOutput, ConfigError, EpisodeFailure, GenOutput, SamplingParams
+from verl_agentic.interfaces import ChatOutput, ConfigError, EpisodeFailure, GenOutput, SamplingParams, check_keys
 
 BACKOFF_CAP_S = 8.0
 APIS = ("completions", "chat")
 TOOL_CHOICES = ("auto", "required", "none")
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """The ``rollout.openai`` section, checked when made (a bad value is a ``ConfigError`` naming the
+    key). ``from_dict`` takes the section as a mapping and rejects unknown keys; ``api_key`` is
+    the key itself (the section names the environment variable that holds it: ``api_key_env``)."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    model: Optional[str] = None
+    api: str = "completions"
+    tokenizer: Optional[str] = None
+    api_key_env: Optional[str] = None
+    concurrency: int = 64
+    request_timeout_s: Optional[float] = 600.0
+    connect_timeout_s: float = 10.0
+    max_retries: int = 5
+    retry_backoff_s: float = 0.5
+    tool_choice: str = "auto"
+
+    def __post_init__(self) -> None:
+        parsed = urlparse(str(self.base_url or ""))
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"rollout.openai.base_url must look like http://host:port, got {self.base_url!r}")
+        if self.api not in APIS:
+            raise ConfigError(f"rollout.openai.api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise ConfigError(f"rollout.openai.tool_choice must be one of {', '.join(TOOL_CHOICES)}, "
+                              f"got {self.tool_choice!r}")
+        for key, low in (("concurrency", 1), ("max_retries", 0)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"rollout.openai.{key} must be an integer >= {low}, got {value!r}")
+        for key in ("request_timeout_s", "connect_timeout_s"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"rollout.openai.{key} must be > 0, got {value}")
+        if self.retry_backoff_s < 0:
+            raise ConfigError(f"rollout.openai.retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
+
+    @classmethod
+    def from_dict(cls, section: dict) -> "OpenAIConfig":
+        check_keys(section, [f.name for f in fields(cls)], "rollout.openai")
+        return cls(**section)
+
+    def api_key(self) -> Optional[str]:
+        """The key in ``api_key_env`` (None when no variable is named); a named one that is unset is a ConfigError."""
+        if not self.api_key_env:
+            return None
+        if self.api_key_env not in os.environ:
+            raise ConfigError(f"rollout.openai.api_key_env={self.api_key_env}, but that environment variable is not set")
+        return os.environ[self.api_key_env]
+
+    @property
+    def root_url(self) -> str:
+        """``base_url`` without a trailing ``/`` or ``/v1``."""
+        url = str(self.base_url).rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 class OpenAIServerError(EpisodeFailure):
@@ -221,24 +280,10 @@ class OpenAIBackend(GenerationBackend):
         chat_template_kwargs: Optional[dict] = None,
         api_key: Optional[str] = None,
     ) -> None:
-        parsed = urlparse(str(base_url or ""))
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"rollout.openai.base_url must look like http://host:port, got {base_url!r}")
-        if api not in APIS:
-            raise ConfigError(f"rollout.openai.api must be one of {', '.join(APIS)}, got {api!r}")
-        if tool_choice not in TOOL_CHOICES:
-            raise ConfigError(f"rollout.openai.tool_choice must be one of {', '.join(TOOL_CHOICES)}, "
-                              f"got {tool_choice!r}")
-        for key, value, low in (("concurrency", concurrency, 1), ("max_retries", max_retries, 0)):
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"rollout.openai.{key} must be an integer >= {low}, got {value!r}")
-        for key, value in (("request_timeout_s", request_timeout_s), ("connect_timeout_s", connect_timeout_s)):
-            if value is not None and value <= 0:
-                raise ConfigError(f"rollout.openai.{key} must be > 0, got {value}")
-        if retry_backoff_s < 0:
-            raise ConfigError(f"rollout.openai.retry_backoff_s must be >= 0, got {retry_backoff_s}")
-        url = str(base_url).rstrip("/")
-        self.base_url = url[: -len("/v1")] if url.endswith("/v1") else url
+        settings = OpenAIConfig(base_url=base_url, model=model, api=api, concurrency=concurrency,
+                                request_timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s,
+                                max_retries=max_retries, retry_backoff_s=retry_backoff_s, tool_choice=tool_choice)
+        self.base_url = settings.root_url
         self.tokenizer = tokenizer
         self.model = model
         self.api = api
@@ -283,6 +328,16 @@ class OpenAIBackend(GenerationBackend):
         tokenizer = AutoTokenizer.from_pretrained(folder)
         kwargs.setdefault("stop_token_ids", _stop_ids_from_folder(folder) or None)  # None: the tokenizer's EOS
         return cls(base_url, tokenizer, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: OpenAIConfig, tokenizer_path: str | os.PathLike[str], **kwargs: Any) -> OpenAIBackend:
+        """The backend of a checked ``rollout.openai`` section; ``tokenizer_path`` is used when the
+        section names no ``tokenizer``; ``kwargs`` (e.g. ``chat_template_kwargs``) as for the class."""
+        return cls.from_pretrained(
+            config.tokenizer or tokenizer_path, config.base_url, model=config.model, api=config.api,
+            concurrency=config.concurrency, request_timeout_s=config.request_timeout_s,
+            connect_timeout_s=config.connect_timeout_s, max_retries=config.max_retries,
+            retry_backoff_s=config.retry_backoff_s, tool_choice=config.tool_choice, api_key=config.api_key(), **kwargs)
 
     # ------------------------------------------------------------------ public API
 

@@ -10,31 +10,26 @@ for ``/step``, remembered answers for ``/end``), so the client may retry any of 
 - not retried: the service's typed errors (the task raised, bad request, unknown session, ...):
   repeating them gives the same answer.
 
-A call that fails raises ``EnvServiceError`` with a ``type``: the service's error type, or
-``service_unavailable`` (unreachable / 5xx), ``timeout`` (no answer in time) or ``bad_response``
-(garbage) once the retries are used up.
+A call that fails raises ``EnvServiceError`` (a ``serving.ServiceError``) with a ``type``: the
+service's error type, or ``service_unavailable`` (unreachable / 5xx), ``timeout`` (no answer in
+time) or ``bad_response`` (garbage) once the retries are used up. The transport is
+``serving.HttpTransport``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import random
-import re
 from collections import Counter
 from typing import Any, Callable, Optional
 
-import aiohttp
-
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.serving import HttpTransport, ServiceError
 
 BACKOFF_CAP_S = 8.0
 
 
-class EnvServiceError(Exception):
+class EnvServiceError(ServiceError):
     def __init__(self, type: str, message: str, status: Optional[int] = None, retryable: bool = False):
-        super().__init__(message)
-        self.type, self.message, self.status, self.retryable = type, message, status, retryable
+        super().__init__(status, type, message, retryable=retryable)
 
 
 def _shape_error(answer: Any, checks: dict[str, Callable[[Any], bool]]) -> Optional[str]:
@@ -65,17 +60,19 @@ class EnvClient:
 
     def __init__(self, url: str, *, request_timeout_s: float = 60.0, max_retries: int = 3,
                  retry_backoff_s: float = 0.5):
-        if not isinstance(url, str) or not re.match(r"^https?://[^/]+", url):
-            raise ConfigError(f"environment service url must look like http://host:port, got {url!r}")
-        if request_timeout_s is None or request_timeout_s <= 0 or max_retries < 0 or retry_backoff_s < 0:
-            raise ConfigError("request_timeout_s must be > 0, max_retries and retry_backoff_s >= 0; got "
-                              f"{request_timeout_s}, {max_retries}, {retry_backoff_s}")
-        self.url = url.rstrip("/")
+        self._http = HttpTransport(url, name="environment service", request_timeout_s=request_timeout_s,
+                                   max_retries=max_retries, retry_backoff_s=retry_backoff_s, backoff_cap_s=BACKOFF_CAP_S)
+        if request_timeout_s is None:
+            raise ConfigError(f"environment service: request_timeout_s must be > 0, got {request_timeout_s}")
+        self.url = self._http.url
         self.request_timeout_s = float(request_timeout_s)
         self.max_retries = int(max_retries)
         self.retry_backoff_s = float(retry_backoff_s)
-        self.counts: Counter = Counter()
-        self._session: Optional[aiohttp.ClientSession] = None
+
+    @property
+    def counts(self) -> Counter:
+        """``requests`` (attempts), ``retries`` and ``failed_requests``."""
+        return self._http.counts
 
     async def start(self, task_type: str, row: dict, *, session_id: str, task_config: Optional[dict] = None,
                     sample_index: int = 0, max_turns: int = 1, seed: Optional[int] = None) -> dict:
@@ -93,58 +90,15 @@ class EnvClient:
                                          "error": error}, END_SHAPE)
 
     async def health(self) -> dict:
-        async with self._client().get(f"{self.url}/health",
-                                      timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as r:
-            return await r.json()
+        return await self._http.request("GET", "/health")
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
-
-    async def _attempt(self, path: str, payload: dict, shape: dict) -> dict:
-        try:
-            async with self._client().post(f"{self.url}{path}", json=payload,
-                                           timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as r:
-                status, body = r.status, await r.read()
-        except (TimeoutError, asyncio.TimeoutError):
-            raise EnvServiceError("timeout", f"no answer within {self.request_timeout_s} s", retryable=True) from None
-        except aiohttp.ClientError as e:
-            raise EnvServiceError("service_unavailable", f"{type(e).__name__}: {e}", retryable=True) from None
-        try:
-            answer = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise EnvServiceError("service_unavailable" if status >= 500 else "bad_response",
-                                  f"answered {status} with non-JSON: {body[:80]!r}", status,
-                                  retryable=status >= 500 or status == 200) from None
-        if status != 200:
-            err = answer.get("error") if isinstance(answer, dict) else None
-            if isinstance(err, dict) and isinstance(err.get("type"), str):
-                raise EnvServiceError(err["type"], str(err.get("message", "")), status, bool(err.get("retryable")))
-            raise EnvServiceError("service_unavailable" if status >= 500 else "bad_response",
-                                  f"answered {status}: {body[:200]!r}", status, retryable=status >= 500)
-        problem = _shape_error(answer, shape)
-        if problem:
-            raise EnvServiceError("bad_response", f"malformed answer: {problem}", status, retryable=True)
-        return answer
+        await self._http.close()
 
     async def _post(self, path: str, payload: dict, shape: dict) -> dict:
-        for attempt in range(self.max_retries + 1):
-            self.counts["requests"] += 1
-            try:
-                return await self._attempt(path, payload, shape)
-            except EnvServiceError as e:
-                if not e.retryable or attempt == self.max_retries:
-                    self.counts["errors"] += 1
-                    tries = f" (after {attempt + 1} attempts)" if attempt else ""
-                    raise EnvServiceError(e.type, f"environment service {self.url}{path}: {e.message}{tries}",
-                                          e.status, e.retryable) from None
-                self.counts["retries"] += 1
-                delay = min(self.retry_backoff_s * 2 ** attempt, BACKOFF_CAP_S)
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
+        try:
+            return await self._http.request("POST", path, json_body=payload, check=lambda a: _shape_error(a, shape))
+        except ServiceError as e:
+            where = f"environment service {self.url}{path}: "
+            message = e.message if e.message.startswith(where) else where + e.message  # the service's own words
+            raise EnvServiceError(e.type, message, e.status, e.retryable) from None

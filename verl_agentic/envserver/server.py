@@ -63,7 +63,7 @@ from verl_agentic.interfaces import (
     Observation,
     RolloutContext,
 )
-from verl_agentic.serving import serve_app
+from verl_agentic.serving import ServiceError, error_middleware, read_json_object, serve_app
 from verl_agentic.tasks import TASKS
 from verl_agentic.tools.parsers import get_parser
 
@@ -71,18 +71,6 @@ DEFAULT_SESSION_TTL_S = 600.0
 DEFAULT_HOOK_TIMEOUT_S = 300.0
 DEFAULT_MAX_SESSIONS = 10_000
 ENDED_MEMORY = 10_000  # ended sessions whose /end answer (or reaping) is remembered
-
-
-class ServiceError(Exception):
-    """An answer other than 200: ``{"error": {"type", "message", "retryable"}}`` with ``status``."""
-
-    def __init__(self, status: int, type: str, message: str, retryable: bool = False):
-        super().__init__(message)
-        self.status, self.type, self.message, self.retryable = status, type, message, retryable
-
-    def response(self) -> web.Response:
-        return web.json_response({"error": {"type": self.type, "message": self.message,
-                                             "retryable": self.retryable}}, status=self.status)
 
 
 def _task_failure(where: str, e: BaseException) -> ServiceError:
@@ -371,18 +359,8 @@ _SERVICE = web.AppKey("service", EnvService)
 
 def _handler(method: str):
     async def handle(request: web.Request) -> web.Response:
-        service = request.app[_SERVICE]
-        try:
-            try:
-                body = json.loads(await request.read())
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ServiceError(400, "bad_request", f"request body is not valid JSON: {e}") from None
-            if not isinstance(body, dict):
-                raise ServiceError(400, "bad_request", f"request body must be a JSON object, got {type(body).__name__}")
-            return web.json_response(await getattr(service, method)(body))
-        except ServiceError as e:
-            service.counts[f"http_{e.status}"] += 1
-            return e.response()
+        body = await read_json_object(request)
+        return web.json_response(await getattr(request.app[_SERVICE], method)(body))
 
     return handle
 
@@ -394,7 +372,7 @@ async def _health(request: web.Request) -> web.Response:
 def make_app(service: Optional[EnvService] = None, **kwargs: Any) -> web.Application:
     """The aiohttp application; ``kwargs`` go to ``EnvService`` when none is given."""
     service = service or EnvService(**kwargs)
-    app = web.Application(client_max_size=64 * 2**20)
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[error_middleware(service.counts)])
     app[_SERVICE] = service
     reaper: list[asyncio.Task] = []
 

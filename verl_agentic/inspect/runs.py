@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.jsonl import read_json_lines
 
 # Fields the report needs on every episode line.
 REQUIRED_FIELDS = ("task_type", "prompt_ids", "response_ids", "response_mask", "turns", "messages", "reward",
@@ -54,26 +55,8 @@ class Run:
         return sorted(seen)
 
 
-def read_json_lines(path: Path, what: str) -> list[dict]:
-    """The JSON objects of a .jsonl file (blank lines skipped); ``ConfigError`` names the line that is
-    not JSON or not an object (``what`` says what each line should be)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{n}: expected a JSON object ({what}), got {type(row).__name__}")
-            rows.append(row)
-    return rows
-
-
 def _read_episodes(path: Path, step: Optional[int] = None) -> list[dict]:
-    rows = read_json_lines(path, "an episode")
+    rows = read_json_lines(path, what="an episode")
     for n, t in enumerate(rows, 1):
         missing = [k for k in REQUIRED_FIELDS if k not in t]
         if missing:
@@ -120,7 +103,7 @@ def load_run(output_dir: str | Path) -> Run:
     config = _read_config(d, summary)
     metrics_path, rollouts_dir = d / "metrics.jsonl", d / "rollouts"
     if metrics_path.exists() or rollouts_dir.is_dir():
-        steps = read_json_lines(metrics_path, "a step's metrics") if metrics_path.exists() else []
+        steps = read_json_lines(metrics_path, what="a step's metrics") if metrics_path.exists() else []
         # verl's file logger (trainer.logger=[...,"file"]) writes {"step": N, "data": {metric: value}}
         steps = [{**row["data"], "step": row["step"]} if isinstance(row.get("data"), dict) else row for row in steps]
         for n, row in enumerate(steps, 1):

@@ -106,6 +106,9 @@ class RewardManager(ABC):
     def __init__(self, config: Optional[RewardConfig] = None):
         self.config = config or RewardConfig(manager=self.name)
         self.config.validate()
+        if self.config.manager != self.name and self.config.manager in REWARD_MANAGERS \
+                and REWARD_MANAGERS.get(self.config.manager) is type(self):
+            self.name = self.config.manager  # selected by an alias: report the name the user wrote
 
         import_scorer_modules(self.config.scorer_modules)
         self._counts: Counter = Counter()
@@ -167,7 +170,7 @@ def register_reward_manager(name: str):
 
 
 def make_reward_manager(config: RewardConfig | dict | None = None, **overrides: Any) -> RewardManager:
-    """Build the manager named by ``config.manager`` (naive | prime | swedev | a registered one; the
+    """Build the manager named by ``config.manager`` (naive | prime | remote (alias swedev) | a registered one; the
     built-in ones come through the ``verl_agentic.reward_managers`` entry points, like a plugin's)."""
     if config is None or isinstance(config, dict):
         config = RewardConfig.from_dict({**(config or {}), **overrides})

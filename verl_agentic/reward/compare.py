@@ -82,7 +82,7 @@ def compare(trajectories: list[dict], managers: list[str], *, repeat: int = 1, t
     with contextlib.ExitStack() as stack:
         for name in managers:
             cfg = dict(base, manager=name)
-            if name == "swedev":
+            if name in ("remote", "swedev"):
                 cfg["url"] = url or stack.enter_context(
                     reward_server(RewardConfig(**base).workers, timeout_s, scorer_modules))
             with make_reward_manager(RewardConfig.from_dict(cfg)) as m:
@@ -158,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--workers", type=int, default=0, help="prime / server worker processes (0 = CPU count)")
     p.add_argument("--scorer", default=None, help="force one scorer (default: by data_source, then task_type)")
     p.add_argument("--scorer-module", action="append", default=[], help="module that registers scorers")
-    p.add_argument("--url", default=None, help="use this running reward server for swedev")
+    p.add_argument("--url", default=None, help="use this running reward server for remote (swedev)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     try:

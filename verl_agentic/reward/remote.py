@@ -1,8 +1,8 @@
-"""``swedev`` (alias ``remote``): scores through a reward server over HTTP.
+"""``remote`` (alias ``swedev``, its first name): scores through a reward server over HTTP.
 
 Start the server (``python -m verl_agentic.reward.server --port 8000``, see ``server.py``), then::
 
-    manager = make_reward_manager(RewardConfig(manager="swedev", url="http://host:8000"))
+    manager = make_reward_manager(RewardConfig(manager="remote", url="http://host:8000"))
     results = manager.score_items(items)          # or: await manager.ascore_items(items)
 
 The scores are the server's scorers' (the same ``run_scorer`` as ``naive``); the client adds
@@ -30,24 +30,22 @@ transport, batching and fault handling:
   silent 0; ``failure_policy`` then sets the score as for any failed sample.
 
 ``stats()`` adds ``requests`` (HTTP attempts), ``retries`` and ``failed_requests`` (batches
-given up on). The sync API runs the requests on a private event loop in a helper thread, so
-it works whether or not the calling thread runs an event loop.
+given up on). The transport is ``serving.HttpTransport``; the sync API runs the requests on a
+``serving.BackgroundLoop`` (a private event loop in a helper thread), so it works whether or not
+the calling thread runs an event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
-import random
-import threading
 import time
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
-
-import aiohttp
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward.base import (
@@ -60,6 +58,7 @@ from verl_agentic.reward.base import (
     register_reward_manager,
 )
 from verl_agentic.reward.progress import progress_bar
+from verl_agentic.serving import BackgroundLoop, HttpTransport, ServiceError
 
 MAX_BODY_BYTES = 16 * 2**20  # per request, unless the server accepts less
 BACKOFF_CAP_S = 8.0
@@ -67,20 +66,8 @@ HEALTH_TIMEOUT_S = 5.0
 _ENVELOPE_BYTES = 4096  # room for the request's non-item fields
 
 
-class _Failed(Exception):
-    """One attempt at a batch failed: ``retry`` says whether another attempt may help."""
-
-    def __init__(self, type: str, message: str, retry: bool):
-        super().__init__(message)
-        self.type, self.message, self.retry = type, message, retry
-
-
-class _TooLarge(Exception):
-    pass
-
-
-@register_reward_manager("swedev")
-class SWEDevRewardManager(RewardManager):
+@register_reward_manager("remote")
+class RemoteRewardManager(RewardManager):
     """Client of ``python -m verl_agentic.reward.server``; see the module docstring."""
 
     def __init__(self, config: Optional[RewardConfig] = None):
@@ -90,7 +77,7 @@ class SWEDevRewardManager(RewardManager):
         self.config = config
         cfg = config
         if not cfg.url:
-            raise ConfigError("reward.url is required for reward.manager=swedev: the http://host:port of a reward "
+            raise ConfigError(f"reward.url is required for reward.manager={self.name}: the http://host:port of a reward "
                               "server (start one with `python -m verl_agentic.reward.server --port 8000`)")
         parsed = urlparse(cfg.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -105,19 +92,11 @@ class SWEDevRewardManager(RewardManager):
         self.url = cfg.url.rstrip("/")
         self._server: Optional[dict] = None  # GET /health, once it answered
         self._net: Counter = Counter(requests=0, retries=0, failed_requests=0)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
-        self._loop_lock = threading.Lock()
+        self._loop = BackgroundLoop("verl-agentic-reward-client")
 
     # -- public -------------------------------------------------------------------------------
     def _score_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
-        with self._loop_lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._loop.run_forever, name="verl-agentic-reward-client",
-                                                daemon=True)
-                self._thread.start()
-        return asyncio.run_coroutine_threadsafe(self._score(list(items)), self._loop).result()
+        return self._loop.run(self._score(list(items)))
 
     async def ascore_items(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         """Natively async (in the caller's loop); the same bookkeeping as ``score_items``."""
@@ -130,12 +109,7 @@ class SWEDevRewardManager(RewardManager):
         return {**super().stats(), **self._net}
 
     def close(self) -> None:
-        with self._loop_lock:
-            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            loop.close()
+        self._loop.close()
 
     # -- internals ------------------------------------------------------------------------------
     def request_timeout(self, n: int) -> Optional[float]:
@@ -150,17 +124,14 @@ class SWEDevRewardManager(RewardManager):
         workers = server.get("workers") or cfg.workers
         return per_item * math.ceil(cfg.concurrency * n / max(1, int(workers))) + 10.0
 
-    async def _health(self, session: aiohttp.ClientSession) -> None:
+    async def _health(self, http: HttpTransport) -> None:
         """Learn the server's limits once; a server that does not answer yet is left to the retries."""
         if self._server is not None:
             return
         try:
-            async with session.get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as r:
-                info = await r.json() if r.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            self._server = await http.request("GET", "/health", timeout_s=HEALTH_TIMEOUT_S, max_retries=0)
+        except ServiceError:
             return
-        if isinstance(info, dict):
-            self._server = info
 
     def _batches(self, encoded: list[bytes]) -> tuple[list[list[int]], list[int]]:
         """Consecutive index runs within the item and byte limits; and the items too large to send."""
@@ -192,99 +163,79 @@ class SWEDevRewardManager(RewardManager):
             d = item.as_dict()
             d["scorer"] = d["scorer"] or cfg.scorer
             encoded.append(json.dumps(d, separators=(",", ":")).encode())
-        connector = aiohttp.TCPConnector(limit=cfg.concurrency)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await self._health(session)
+        async with HttpTransport(self.url, name="reward server", concurrency=cfg.concurrency,
+                                 retry_backoff_s=cfg.retry_backoff_s, backoff_cap_s=BACKOFF_CAP_S) as http:
+            await self._health(http)
+            http.counts.clear()  # the health check is not a scoring request
             batches, too_large = self._batches(encoded)
             for i in too_large:
                 results[i] = _failed("request_too_large", f"the item's JSON is {len(encoded[i])} bytes, over the "
                                      f"server's limit of {self._server['max_request_bytes']} bytes per request")
             sem = asyncio.Semaphore(cfg.concurrency)
             with progress_bar(len(items), "remote scoring", cfg.progress) as bar:
-                await asyncio.gather(*(self._run_batch(session, sem, idx, encoded, results, bar) for idx in batches))
+                await asyncio.gather(*(self._run_batch(http, sem, idx, encoded, results, bar) for idx in batches))
+        self._net["requests"] += http.counts["requests"]
+        self._net["retries"] += http.counts["retries"]
         return [r if r is not None else _failed("bad_response", "no result (client bug)") for r in results]
 
-    async def _run_batch(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore, idx: list[int],
+    async def _run_batch(self, http: HttpTransport, sem: asyncio.Semaphore, idx: list[int],
                          encoded: list[bytes], results: list, bar: Any) -> None:
         cfg = self.config
         body = b'{"items":[' + b",".join(encoded[i] for i in idx) + b"]"
         if cfg.scorer_kwargs:
             body += b',"scorer_kwargs":' + json.dumps(cfg.scorer_kwargs).encode()
         body += b"}"
-        attempt = 0
-        while True:
-            try:
-                async with sem:
-                    got = await self._post(session, body, len(idx))
-                break
-            except _TooLarge as e:
-                if len(idx) > 1:  # the server takes less than we thought: halve and go on
-                    half = len(idx) // 2
-                    await asyncio.gather(self._run_batch(session, sem, idx[:half], encoded, results, bar),
-                                         self._run_batch(session, sem, idx[half:], encoded, results, bar))
-                    return
-                got = [_failed("request_too_large", str(e))]
-                break
-            except _Failed as e:
-                if not e.retry or attempt >= cfg.max_retries:
-                    self._net["failed_requests"] += 1
-                    tries = f" (gave up after {attempt + 1} attempts)" if e.retry else ""
-                    got = [_failed(e.type, f"{e.message}{tries}") for _ in idx]
-                    break
-                delay = min(BACKOFF_CAP_S, cfg.retry_backoff_s * 2**attempt)
-                await asyncio.sleep(delay / 2 + random.uniform(0, delay / 2))
-                attempt += 1
-                self._net["retries"] += 1
+        check = functools.partial(_check_results, n=len(idx))
+        try:
+            async with sem:
+                # the transport retries: scoring the same items twice is harmless
+                answer = await http.request("POST", "/score", data=body, timeout_s=self.request_timeout(len(idx)),
+                                            check=check, max_retries=cfg.max_retries)
+            got = [RewardResult.from_dict(r) for r in answer["results"]]
+        except ServiceError as e:
+            if e.status == 413 and len(idx) > 1:  # the server takes less than we thought: halve and go on
+                half = len(idx) // 2
+                await asyncio.gather(self._run_batch(http, sem, idx[:half], encoded, results, bar),
+                                     self._run_batch(http, sem, idx[half:], encoded, results, bar))
+                return
+            got = [_failed(*_result_error(e)) for _ in idx]
+            if e.status != 413:
+                self._net["failed_requests"] += 1
         for i, r in zip(idx, got):
             results[i] = r
         bar.update(len(idx))
 
-    async def _post(self, session: aiohttp.ClientSession, body: bytes, n: int) -> list[RewardResult]:
-        """One attempt: the batch's results, or ``_Failed`` / ``_TooLarge``."""
-        self._net["requests"] += 1
-        timeout = self.request_timeout(n)
-        try:
-            async with session.post(f"{self.url}/score", data=body, headers={"Content-Type": "application/json"},
-                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                status, raw = resp.status, await resp.read()
-        except TimeoutError:
-            raise _Failed("service_unavailable", f"no answer from {self.url} within {timeout} s "
-                          "(reward.request_timeout_s)", retry=True) from None
-        except aiohttp.ClientError as e:
-            raise _Failed("service_unavailable", f"cannot reach {self.url}: {type(e).__name__}: {e}",
-                          retry=True) from None
-        if status == 413:
-            raise _TooLarge(f"the server refused the request as too large (HTTP 413): {_message(raw)}")
-        if status >= 500:
-            raise _Failed("service_unavailable", f"{self.url} answered HTTP {status}: {_message(raw)}", retry=True)
-        if status != 200:
-            raise _Failed("bad_response", f"{self.url} rejected the request (HTTP {status}): {_message(raw)}",
-                          retry=not 400 <= status < 500)
-        try:
-            payload = json.loads(raw)
-            if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
-                raise ValueError(f"expected {{\"results\": [...]}}, got {raw[:200]!r}")
-            if len(payload["results"]) != n:
-                raise ValueError(f"{len(payload['results'])} results for {n} items")
-            return [RewardResult.from_dict(r) for r in payload["results"]]
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _Failed("bad_response", f"{self.url} answered a malformed result: {str(e)[:300]}",
-                          retry=True) from None
+
+def _check_results(answer: dict, n: int) -> Optional[str]:
+    """What is wrong with a ``/score`` answer for ``n`` items, or None."""
+    results = answer.get("results")
+    if not isinstance(results, list):
+        return f"expected {{\"results\": [...]}}, got {json.dumps(answer)[:200]}"
+    if len(results) != n:
+        return f"{len(results)} results for {n} items"
+    try:
+        for r in results:
+            RewardResult.from_dict(r)
+    except (ValueError, TypeError) as e:
+        return str(e)[:300]
+    return None
+
+
+def _result_error(e: ServiceError) -> tuple[str, str]:
+    """The item error type and message for a batch the transport gave up on."""
+    if e.status == 413:
+        return "request_too_large", f"the server refused the request as too large (HTTP 413): {e.message}"
+    if e.type == "bad_response" or (e.status is not None and 400 <= e.status < 500):
+        return "bad_response", e.message if e.type == "bad_response" else \
+            f"{e.message} (the server rejected the request: HTTP {e.status} {e.type})"
+    return "service_unavailable", e.message
 
 
 def _failed(type: str, message: str) -> RewardResult:
     return RewardResult(None, {}, RewardError(type, message))
 
 
-def _message(raw: bytes) -> str:
-    """The server's ``{"error": ...}`` message, else the start of the body."""
-    try:
-        payload = json.loads(raw)
-        if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-            return payload["error"]
-    except (ValueError, UnicodeDecodeError):
-        pass
-    return raw[:300].decode("utf-8", "replace") or "(empty body)"
-
-
-REWARD_MANAGERS.register("remote", SWEDevRewardManager)
+# ``swedev`` was its first name (it was written for the SWE tasks); it stays an alias, and a manager
+# selected by it reports it as its name
+REWARD_MANAGERS.register("swedev", RemoteRewardManager)
+SWEDevRewardManager = RemoteRewardManager

@@ -1,11 +1,11 @@
-"""The reward service: registered scorers behind HTTP, for ``reward.manager=swedev``.
+"""The reward service: registered scorers behind HTTP, for ``reward.manager=remote`` (alias ``swedev``).
 
 Run it next to (or far from) the trainer::
 
     python -m verl_agentic.reward.server --host 0.0.0.0 --port 8000 --workers 8 --timeout-s 30 \\
         --scorer-module my_scorers
 
-and point the client at it: ``reward.manager=swedev reward.url=http://host:8000``. It prints one
+and point the client at it: ``reward.manager=remote reward.url=http://host:8000``. It prints one
 line, ``reward server listening on http://HOST:PORT``, when it is ready (``--port 0`` picks a free
 port and prints the real one), and shuts down cleanly on SIGTERM / SIGINT (its scoring workers
 exit with it).
@@ -21,10 +21,12 @@ Endpoints:
 Scoring runs in a ``prime`` manager (a process pool: a per-item ``--timeout-s`` kills and
 replaces a hung worker) without blocking the event loop. A bad *item* (unknown scorer, a
 scorer that raises, hangs or returns garbage) gets a typed error in its result of a 200
-answer; a bad *request* gets a JSON ``{"error": "..."}``: 400 (not JSON, not an object,
+answer; a bad *request* gets the services' error shape, ``{"error": {"type", "message",
+"retryable"}}`` (``serving.ServiceError``): 400 ``bad_request`` (not JSON, not an object,
 ``items`` not a list, an invalid item — named by index and field —, malformed or
-mismatched ``scorer_kwargs``), 404 (the request-level ``scorer`` is not registered; the
-answer lists the registered ones), 413 (the body is over ``--max-request-mb``).
+mismatched ``scorer_kwargs``), 404 ``unknown_scorer`` (the request-level ``scorer`` is not
+registered; the answer lists the registered ones in ``scorers``), 413 ``request_too_large`` (the
+body is over ``--max-request-mb``), 500 ``scoring_failed`` (the manager itself failed; retryable).
 
 A request-level ``scorer`` applies to the items that name none, exactly like ``reward.scorer``.
 ``scorer_kwargs`` are per scorer name as in ``reward.scorer_kwargs`` (kwargs a registered scorer
@@ -61,11 +63,11 @@ from verl_agentic.reward.base import (
     make_reward_manager,
 )
 from verl_agentic.reward.scorers import SCORERS, import_scorer_modules
-from verl_agentic.serving import run_service, serve_app
+from verl_agentic.serving import ServiceError, error_middleware, read_json_object, run_service, serve_app
 
 DEFAULT_MAX_REQUEST_MB = 64.0
 MAX_KWARGS_VARIANTS = 8
-_REQUEST_KEYS = ("items", "scorer", "scorer_kwargs")
+SCORE_REQUEST_KEYS = ("items", "scorer", "scorer_kwargs")
 
 
 class _Scoring:
@@ -98,7 +100,7 @@ class _Scoring:
             key = self._key(scorer_kwargs)
             if key not in self._managers:
                 if len(self._managers) >= MAX_KWARGS_VARIANTS:
-                    raise _RequestError(400, f"this server already scores with {MAX_KWARGS_VARIANTS} distinct "
+                    raise ServiceError(400, "bad_request", f"this server already scores with {MAX_KWARGS_VARIANTS} distinct "
                                              "scorer_kwargs; send the same scorer_kwargs with every request")
                 cfg = replace(self.config, scorer_kwargs=scorer_kwargs)
                 manager = await asyncio.to_thread(make_reward_manager, cfg)
@@ -142,18 +144,8 @@ class _Scoring:
             await asyncio.to_thread(manager.close)
 
 
-class _RequestError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 _SCORING = web.AppKey("scoring", _Scoring)
 _MAX_BYTES = web.AppKey("max_request_bytes", int)
-
-
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
 
 
 def _check_scorer_kwargs(value: Any) -> Optional[dict]:
@@ -188,50 +180,51 @@ async def _scorers(request: web.Request) -> web.Response:
     return web.json_response({"scorers": SCORERS.names()})
 
 
+def parse_score_request(payload: dict) -> tuple[list[RewardItem], Optional[dict]]:
+    """A ``POST /score`` body (a JSON object of ``SCORE_REQUEST_KEYS``): its items, with the request's
+    ``scorer`` applied to those that name none, and its ``scorer_kwargs`` (None when not given).
+    Anything malformed is a ``ServiceError`` naming the item and field. The sandbox service's
+    ``/score`` reads its requests with this too."""
+    raw_items = payload.get("items")
+    if not isinstance(raw_items, list):
+        raise ServiceError(400, "bad_request", "'items' must be a list of RewardItem objects, got "
+                           f"{type(raw_items).__name__}")
+    scorer = payload.get("scorer")
+    if scorer is not None and not isinstance(scorer, str):
+        raise ServiceError(400, "bad_request", f"'scorer' must be a string or null, got {type(scorer).__name__}")
+    if scorer is not None and scorer not in SCORERS:
+        raise ServiceError(404, "unknown_scorer", f"unknown scorer {scorer!r}; registered: "
+                           f"{', '.join(SCORERS.names())}", scorers=SCORERS.names())
+    try:
+        scorer_kwargs = _check_scorer_kwargs(payload.get("scorer_kwargs"))
+        items = [RewardItem.from_dict(d, where=f"items[{i}]") for i, d in enumerate(raw_items)]
+    except (ValueError, TypeError) as e:
+        raise ServiceError(400, "bad_request", str(e)) from None
+    if scorer is not None:
+        for item in items:
+            item.scorer = item.scorer or scorer
+    return items, scorer_kwargs
+
+
 async def _score(request: web.Request) -> web.Response:
     limit = request.app[_MAX_BYTES]
     too_large = (f"request body is over this server's limit of {limit} bytes (--max-request-mb); "
                  "send fewer or smaller items per request")
     if request.content_length is not None and request.content_length > limit:
-        return _error(413, too_large)
+        raise ServiceError(413, "request_too_large", too_large)
     try:
-        body = await request.read()
+        await request.read()  # read once here (aiohttp keeps it) to answer an oversized body with the limit
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, too_large)
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        return _error(400, f"request body is not valid JSON: {e}")
-    if not isinstance(payload, dict):
-        return _error(400, f"request body must be a JSON object with 'items', got {type(payload).__name__}")
-    unknown = set(payload) - set(_REQUEST_KEYS)
-    if unknown:
-        return _error(400, f"unknown request fields {sorted(unknown)}; known: {list(_REQUEST_KEYS)}")
-    raw_items = payload.get("items")
-    if not isinstance(raw_items, list):
-        return _error(400, f"'items' must be a list of RewardItem objects, got {type(raw_items).__name__}")
-    scorer = payload.get("scorer")
-    if scorer is not None and not isinstance(scorer, str):
-        return _error(400, f"'scorer' must be a string or null, got {type(scorer).__name__}")
-    if scorer is not None and scorer not in SCORERS:
-        return _error(404, f"unknown scorer {scorer!r}; registered: {', '.join(SCORERS.names())}",
-                      scorers=SCORERS.names())
-    try:
-        scorer_kwargs = _check_scorer_kwargs(payload.get("scorer_kwargs"))
-        items = [RewardItem.from_dict(d, where=f"items[{i}]") for i, d in enumerate(raw_items)]
-    except (ValueError, TypeError) as e:
-        return _error(400, str(e))
-    if scorer is not None:
-        for item in items:
-            item.scorer = item.scorer or scorer
+        raise ServiceError(413, "request_too_large", too_large) from None
+    items, scorer_kwargs = parse_score_request(await read_json_object(request, SCORE_REQUEST_KEYS))
     if not items:
         return web.json_response({"results": []})
     try:
         results = await request.app[_SCORING].score(items, scorer_kwargs)
-    except _RequestError as e:
-        return _error(e.status, str(e))
-    except Exception as e:  # a manager failure, not an item's: the client retries 5xx
-        return _error(500, f"scoring failed: {type(e).__name__}: {e}")
+    except ServiceError:
+        raise
+    except Exception as e:  # a manager failure, not an item's: the client may retry it
+        raise ServiceError(500, "scoring_failed", f"scoring failed: {type(e).__name__}: {e}", retryable=True) from None
     return web.json_response({"results": [r.as_dict() for r in results]})
 
 
@@ -246,7 +239,7 @@ def make_app(config: Optional[RewardConfig] = None, *, max_request_mb: float = D
     REWARD_MANAGERS.get(config.manager)  # an unknown manager is a ConfigError now, not at startup
     import_scorer_modules(config.scorer_modules)
     max_bytes = int(max_request_mb * 2**20)
-    app = web.Application(client_max_size=max_bytes)
+    app = web.Application(client_max_size=max_bytes, middlewares=[error_middleware()])
     scoring = _Scoring(config)
     app[_SCORING] = scoring
     app[_MAX_BYTES] = max_bytes
@@ -276,7 +269,7 @@ async def serve(config: Optional[RewardConfig] = None, host: str = "127.0.0.1", 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m verl_agentic.reward.server", description=(
-        "Serve the registered reward scorers over HTTP (client: reward.manager=swedev reward.url=...)."))
+        "Serve the registered reward scorers over HTTP (client: reward.manager=remote reward.url=...)."))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 = a free port (printed)")
     p.add_argument("--manager", default="prime", help="prime (process pool, default) | naive (in-process)")

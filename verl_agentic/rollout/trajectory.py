@@ -25,12 +25,12 @@ only, turns contiguous over ``response_ids``.
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from verl_agentic.interfaces import EpisodeFailure, EpisodeResult, EpisodeState
+from verl_agentic.jsonl import read_json_lines, write_json_lines
 from verl_agentic.rollout.loops import ended_on_stop
 from verl_agentic.rollout.template import ChatTemplate
 
@@ -65,17 +65,11 @@ def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, ta
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    return n
+    return write_json_lines(path, records)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_json_lines(path, what="a trajectory")
 
 
 @dataclass

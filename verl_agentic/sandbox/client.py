@@ -8,40 +8,43 @@
         outcome = await client.run_hidden_tests(box["sandbox_id"], tests)  # HiddenTestResult
         await client.destroy(box["sandbox_id"])
 
-Every failure is a ``SandboxError(type, message, status)``: the service's typed errors (see
-``server.py``) as they are, plus ``service_unavailable`` (it could not be reached, or answered
-5xx, after the retries), ``bad_response`` (not the JSON it should be) and ``request_timeout``.
-``error.fatal`` says whether the sandbox is unusable (the service is gone or restarted, the
-sandbox was reaped or destroyed, the cap was hit) rather than the caller's request being wrong
-(a path outside the sandbox, a missing file).
+Every failure is a ``SandboxError(type, message, status)`` (a ``serving.ServiceError``): the
+service's typed errors (see ``server.py``) as they are, plus ``service_unavailable`` (it could not
+be reached, or answered 5xx, after the retries), ``bad_response`` (not the JSON it should be) and
+``timeout``. ``error.fatal`` says whether the sandbox is unusable (the service is gone or
+restarted, the sandbox was reaped or destroyed, the cap was hit) rather than the caller's request
+being wrong (a path outside the sandbox, a missing file).
 
-Retries (``max_retries``, backoff from ``retry_backoff_s`` doubling, capped at 2 s): a
-connection that could not be made is retried for every request, since nothing was sent; other
-connection failures and 5xx answers only for requests that are safe to repeat (reads, writes of
-a whole file, destroy, and create with a ``key``). ``create(wait_s=...)`` also waits for a free
-slot while the service answers 429.
+Transport: ``serving.HttpTransport``, a connection per request (loopback: ~0.1 ms; a restarted
+service then shows as a refused connection, retried, or a 404 ``sandbox_lost``, never as a pooled
+connection that died). Retries (``max_retries``, backoff from ``retry_backoff_s`` doubling, capped
+at 2 s): a connection that could not be made is retried for every request, since nothing was
+sent; other connection failures and 5xx answers only for requests that are safe to repeat (reads,
+writes of a whole file, destroy, and create with a ``key``). ``create(wait_s=...)`` also waits for
+a free slot while the service answers 429.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any, Optional
-from urllib.parse import urlparse
 
-from verl_agentic.interfaces import ConfigError
 from verl_agentic.sandbox.runtime import FileSet, HiddenTests, HiddenTestResult, file_list
+from verl_agentic.serving import HttpTransport, ServiceError
 
 # error types that are the request's fault, not the sandbox's: the sandbox is still usable
 REQUEST_ERRORS = frozenset({"bad_request", "bad_path", "path_outside_sandbox", "file_not_found", "request_too_large"})
 _BACKOFF_CAP_S = 2.0
 
 
-class SandboxError(Exception):
+class SandboxError(ServiceError):
     def __init__(self, type: str, message: str, status: Optional[int] = None, extra: Optional[dict] = None):
-        super().__init__(type, message)
-        self.type, self.message, self.status, self.extra = type, message, status, dict(extra or {})
+        super().__init__(status, type, message, **dict(extra or {}))
+
+    @classmethod
+    def of(cls, e: ServiceError) -> "SandboxError":
+        return cls(e.type, e.message, e.status, e.extra)
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}"
@@ -56,15 +59,13 @@ class SandboxClient:
 
     def __init__(self, url: str, *, request_timeout_s: float = 60.0, max_retries: int = 4,
                  retry_backoff_s: float = 0.2):
-        parsed = urlparse(url or "")
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"sandbox service url must look like http://host:port, got {url!r}")
-        self.url = url.rstrip("/")
-        self.request_timeout_s = float(request_timeout_s)
-        self.max_retries = int(max_retries)
+        self._http = HttpTransport(url, name="sandbox service", request_timeout_s=request_timeout_s,
+                                   max_retries=max_retries, retry_backoff_s=retry_backoff_s,
+                                   backoff_cap_s=_BACKOFF_CAP_S, fresh_connections=True)
+        self.url = self._http.url
+        self.request_timeout_s = self._http.request_timeout_s
+        self.max_retries = max_retries
         self.retry_backoff_s = float(retry_backoff_s)
-        self._session: Any = None  # aiohttp.ClientSession (aiohttp is imported on first use: importing
-        # the swedev task, e.g. in prime's scorer processes, should not cost aiohttp's import)
 
     async def __aenter__(self) -> "SandboxClient":
         return self
@@ -73,9 +74,7 @@ class SandboxClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        await self._http.close()
 
     # -- the API ----------------------------------------------------------------------------------
     async def health(self) -> dict:
@@ -155,68 +154,12 @@ class SandboxClient:
             raise
 
     # -- transport --------------------------------------------------------------------------------
-    def _client_session(self) -> Any:
-        import aiohttp
-
-        if self._session is None or self._session.closed:
-            # a connection per request (loopback: ~0.1 ms): a restarted service then shows as a refused
-            # connection (retried) or a 404 sandbox_lost, never as a pooled connection that died
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-        return self._session
-
     async def _request(self, method: str, path: str, body: Optional[dict] = None, *, params: Optional[dict] = None,
                        idempotent: bool = False, run_s: Optional[float] = None) -> dict:
         """One API call with retries (see the module docstring); the JSON answer or a SandboxError."""
-        import aiohttp
-
-        url = f"{self.url}{path}"
-        # a command's request waits for the command: its own timeout plus the usual allowance
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s + (run_s or 0.0))
-        attempt = 0
-        while True:
-            try:
-                async with self._client_session().request(method, url, json=body, params=params,
-                                                          timeout=timeout) as resp:
-                    status, raw = resp.status, await resp.read()
-            except aiohttp.ClientConnectorError as e:  # nothing was sent: always safe to try again
-                failure = SandboxError("service_unavailable", f"cannot connect to {self.url}: {e}")
-                retry = True
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                kind = "request_timeout" if isinstance(e, asyncio.TimeoutError) else "service_unavailable"
-                failure = SandboxError(kind, f"{method} {path} to {self.url} failed: {type(e).__name__}: {e}")
-                retry = idempotent
-            else:
-                answer = _decode(raw)
-                if status < 400 and isinstance(answer, dict):
-                    return answer
-                if status < 400:
-                    raise SandboxError("bad_response", f"{method} {path}: expected a JSON object, got "
-                                       f"{raw[:200]!r}", status)
-                if status >= 500 and not (isinstance(answer, dict) and answer.get("error_type") == "shutting_down"):
-                    failure = SandboxError("service_unavailable", f"{method} {path}: HTTP {status}: "
-                                           f"{_message(answer, raw)}", status)
-                    retry = idempotent
-                else:
-                    error_type = answer.get("error_type") if isinstance(answer, dict) else None
-                    extra = {k: v for k, v in answer.items() if k not in ("error", "error_type")} \
-                        if isinstance(answer, dict) else {}
-                    raise SandboxError(error_type or "bad_response", _message(answer, raw), status, extra)
-            if not retry or attempt >= self.max_retries:
-                if retry:
-                    failure.message += f" (gave up after {attempt + 1} attempts)"
-                raise failure
-            await asyncio.sleep(min(_BACKOFF_CAP_S, self.retry_backoff_s * 2**attempt))
-            attempt += 1
-
-
-def _decode(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def _message(answer: Any, raw: bytes) -> str:
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        return answer["error"]
-    return raw[:300].decode("utf-8", "replace") or "(empty body)"
+        try:
+            # a command's request waits for the command: its own timeout plus the usual allowance
+            return await self._http.request(method, path, json_body=body, params=params, idempotent=idempotent,
+                                            timeout_s=self.request_timeout_s + (run_s or 0.0))
+        except ServiceError as e:
+            raise SandboxError.of(e) from None

@@ -6,7 +6,7 @@ Run it (loopback by default; the API has no authentication, keep it off public i
 
 It prints ``sandbox server listening on http://HOST:PORT`` when ready (``--port 0``: a free port,
 printed). Point the ``swedev`` task at it (``task.swedev.url=http://HOST:PORT``) and, to score
-its trajectories, the reward client too (``reward.manager=swedev reward.url=http://HOST:PORT``).
+its trajectories, the reward client too (``reward.manager=remote reward.url=http://HOST:PORT``).
 
 A sandbox is a work directory built from an instance's files; commands run in it under the
 isolation engine (``verl_agentic.isolation``; ``--isolation bwrap``, the default, needs bubblewrap
@@ -31,7 +31,7 @@ Endpoints (JSON in, JSON out)::
     GET    /sandboxes/{id}/changes          {files, deleted, skipped} against the files it was created from
     POST   /score, GET /scorers             the reward protocol of ``verl_agentic.reward.server``
 
-Errors are ``{"error": message, "error_type": type}`` with a status: 400 ``bad_request`` /
+Errors are ``{"error": {"type", "message", "retryable", ...}}`` (``serving.ServiceError``) with a status: 400 ``bad_request`` /
 ``bad_path`` / ``path_outside_sandbox`` (a path that is absolute, has ``..`` or resolves outside
 through a symlink), 404 ``unknown_sandbox`` / ``sandbox_reaped`` (idle timeout) /
 ``sandbox_lost`` (an id of an earlier run of the service: it restarted) / ``unknown_instance`` /
@@ -83,12 +83,13 @@ from aiohttp import web
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.isolation import ISOLATION_MODES, SandboxLimits, check_isolation, sandbox_support
-from verl_agentic.reward.base import RewardItem, RewardResult, ScoreError
+from verl_agentic.reward.base import RewardResult, ScoreError
 from verl_agentic.reward.naive import score_one
 from verl_agentic.reward.scorers import SCORERS
+from verl_agentic.reward.server import SCORE_REQUEST_KEYS, parse_score_request
 from verl_agentic.sandbox import runtime
 from verl_agentic.sandbox.runtime import Changes, FileSet, HiddenTests, PathError
-from verl_agentic.serving import run_service, serve_app
+from verl_agentic.serving import ServiceError, error_middleware, read_json_object, run_service, serve_app
 
 ROOT_PREFIX = "va_sandboxd-"
 _GONE_MEMORY = 10_000  # ids of destroyed sandboxes remembered, for precise 404 messages
@@ -130,17 +131,6 @@ class ServiceConfig:
     @property
     def runs(self) -> int:
         return self.max_concurrent_runs if self.max_concurrent_runs > 0 else 2 * (os.cpu_count() or 1)
-
-
-class ServiceError(Exception):
-    """An error answer: HTTP ``status``, typed ``type``, a message, and extra JSON fields."""
-
-    def __init__(self, status: int, type: str, message: str, **extra: Any):
-        super().__init__(message)
-        self.status, self.type, self.message, self.extra = status, type, message, extra
-
-    def response(self) -> web.Response:
-        return web.json_response({"error": self.message, "error_type": self.type, **self.extra}, status=self.status)
 
 
 @dataclass
@@ -499,48 +489,13 @@ def remove_stale_roots(parent: Path) -> int:
 _SERVICE = web.AppKey("service", SandboxService)
 
 
-@web.middleware
-async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every failure answers typed JSON: ServiceError as given, unknown routes, bad bodies, crashes as 500."""
-    try:
-        return await handler(request)
-    except ServiceError as e:
-        return e.response()
-    except web.HTTPRequestEntityTooLarge as e:
-        return ServiceError(413, "request_too_large", f"request body too large: {e.text}").response()
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        return ServiceError(e.status, "bad_request" if e.status != 404 else "not_found",
-                            f"{request.method} {request.path}: {e.reason}").response()
-    except Exception as e:  # noqa: BLE001 - a bug or an OS error: say so, keep serving
-        return ServiceError(500, "internal_error", f"{type(e).__name__}: {e}").response()
-
-
-async def _json(request: web.Request) -> dict:
-    try:
-        body = await request.json()
-    except ValueError as e:
-        raise ServiceError(400, "bad_request", f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ServiceError(400, "bad_request", f"request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-def _check_keys(body: dict, allowed: Sequence[str]) -> None:
-    unknown = set(body) - set(allowed)
-    if unknown:
-        raise ServiceError(400, "bad_request", f"unknown fields {sorted(unknown)}; known: {list(allowed)}")
-
-
 async def _health(request: web.Request) -> web.Response:
     # the reward client reads timeout_s / workers / max_request_bytes from here (see POST /score)
     return web.json_response({**request.app[_SERVICE].health(), **request.app[_SCORING].health()})
 
 
 async def _create(request: web.Request) -> web.Response:
-    body = await _json(request)
-    _check_keys(body, ("instance_id", "files", "key", "limits"))
+    body = await read_json_object(request, ("instance_id", "files", "key", "limits"))
     service = request.app[_SERVICE]
     sb, created = await service.create(body.get("instance_id"), body.get("files"), body.get("key"), body.get("limits"))
     return web.json_response({**sb.info(), "created": created}, status=201 if created else 200)
@@ -565,15 +520,13 @@ async def _delete(request: web.Request) -> web.Response:
 
 
 async def _exec(request: web.Request) -> web.Response:
-    body = await _json(request)
-    _check_keys(body, ("command", "timeout_s"))
+    body = await read_json_object(request, ("command", "timeout_s"))
     result = await request.app[_SERVICE].exec(request.match_info["sid"], body.get("command"), body.get("timeout_s"))
     return web.json_response(result)
 
 
 async def _test(request: web.Request) -> web.Response:
-    body = await _json(request)
-    _check_keys(body, ("test_files", "test_command", "timeout_s"))
+    body = await read_json_object(request, ("test_files", "test_command", "timeout_s"))
     return web.json_response(await request.app[_SERVICE].test(request.match_info["sid"], body))
 
 
@@ -582,8 +535,7 @@ async def _read_file(request: web.Request) -> web.Response:
 
 
 async def _write_file(request: web.Request) -> web.Response:
-    body = await _json(request)
-    _check_keys(body, ("path", "content"))
+    body = await read_json_object(request, ("path", "content"))
     result = await request.app[_SERVICE].write(request.match_info["sid"], body.get("path"), body.get("content"))
     return web.json_response(result)
 
@@ -659,25 +611,9 @@ _SCORING = web.AppKey("scoring", Scoring)
 
 
 async def _score(request: web.Request) -> web.Response:
-
-    body = await _json(request)
-    _check_keys(body, ("items", "scorer", "scorer_kwargs"))
-    raw_items, scorer, kwargs = body.get("items"), body.get("scorer"), body.get("scorer_kwargs") or {}
-    if not isinstance(raw_items, list):
-        raise ServiceError(400, "bad_request", "'items' must be a list of RewardItem objects")
-    if scorer is not None and (not isinstance(scorer, str) or scorer not in SCORERS):
-        raise ServiceError(404, "unknown_scorer", f"unknown scorer {scorer!r}; registered: "
-                           f"{', '.join(SCORERS.names())}", scorers=SCORERS.names())
-    if not isinstance(kwargs, dict) or not all(isinstance(v, dict) for v in kwargs.values()):
-        raise ServiceError(400, "bad_request", "'scorer_kwargs' must map scorer names to objects of keyword arguments")
-    try:
-        items = [RewardItem.from_dict(d, where=f"items[{i}]") for i, d in enumerate(raw_items)]
-    except ValueError as e:
-        raise ServiceError(400, "bad_request", str(e)) from None
-    for item in items:
-        item.scorer = item.scorer or scorer
+    items, kwargs = parse_score_request(await read_json_object(request, SCORE_REQUEST_KEYS))
     scoring = request.app[_SCORING]
-    results = await asyncio.gather(*(scoring.score(item, kwargs) for item in items))
+    results = await asyncio.gather(*(scoring.score(item, kwargs or {}) for item in items))
     return web.json_response({"results": [r.as_dict() for r in results]})
 
 
@@ -690,7 +626,7 @@ def make_app(config: Optional[ServiceConfig] = None) -> web.Application:
     config = config or ServiceConfig()
     service = SandboxService(config)
     scoring = Scoring(config)
-    app = web.Application(client_max_size=int(config.max_request_mb * 2**20), middlewares=[_errors])
+    app = web.Application(client_max_size=int(config.max_request_mb * 2**20), middlewares=[error_middleware()])
     app[_SERVICE] = service
     app[_SCORING] = scoring
 
@@ -730,7 +666,7 @@ async def serve(config: Optional[ServiceConfig] = None, host: str = "127.0.0.1",
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     d = ServiceConfig()
     p = argparse.ArgumentParser(prog="python -m verl_agentic.sandbox.server", description=(
-        "Repository sandboxes over HTTP for the swedev task, and the reward protocol for reward.manager=swedev."))
+        "Repository sandboxes over HTTP for the swedev task, and the reward protocol for reward.manager=remote."))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100, help="0 = a free port (printed)")
     p.add_argument("--max-sandboxes", type=int, default=d.max_sandboxes, help="live sandboxes; more is a 429")

@@ -26,11 +26,13 @@ CLI (writes parquet or jsonl, by the output's suffix)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Callable, Optional
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.jsonl import iter_json_lines
 from verl_agentic.registry import Registry
 from verl_agentic.rollout.task_spec import ENTRY_POINT_GROUP
 
@@ -129,15 +131,8 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
                     raise DatasetError(f"{p}: a .json dataset must hold a list of objects")
                 rows = data[:limit] if limit is not None else data
             else:
-                for lineno, line in enumerate(f, 1):
-                    if limit is not None and len(rows) >= limit:
-                        break
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{p}: line {lineno} is not valid JSON ({e.msg})") from None
+                lines = iter_json_lines(f, str(p), error=DatasetError)
+                rows = [row for _, row in itertools.islice(lines, limit)]
         for i, r in enumerate(rows):
             if not isinstance(r, dict):
                 raise DatasetError(f"{p}: row {i} is a {type(r).__name__}, expected a JSON object")

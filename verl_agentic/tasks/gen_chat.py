@@ -151,8 +151,8 @@ async def gen_chat_end(state: EpisodeState) -> EpisodeResult:
         raise _failure(e) from None
     finally:
         await task.client.close()
-        for name in ("requests", "retries", "errors"):
-            state.metrics[f"env_{name}"] = float(task.client.counts.get(name, 0))
+        for metric, name in (("requests", "requests"), ("retries", "retries"), ("errors", "failed_requests")):
+            state.metrics[f"env_{metric}"] = float(task.client.counts.get(name, 0))
     metrics = {k: float(v) for k, v in answer["metrics"].items() if isinstance(v, (int, float))}
     return EpisodeResult(float(answer["reward"]), metrics)
 

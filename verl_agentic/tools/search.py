@@ -50,8 +50,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Sequence
 
+from aiohttp import web
+
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.serving import run_until_signalled, serve_app
+from verl_agentic.jsonl import iter_json_lines
+from verl_agentic.serving import (
+    HttpTransport,
+    ServiceError,
+    error_middleware,
+    read_json_object,
+    run_until_signalled,
+    serve_app,
+)
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.registry import register_tool_class
 
@@ -166,16 +176,8 @@ def build_index(corpus: str | os.PathLike, index: str | os.PathLike, *, text_fie
         n = 0
         batch: list[tuple[str, str, str]] = []
         with open(corpus, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+            for lineno, obj in iter_json_lines(f, str(corpus)):
                 where = f"{corpus}: line {lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{where} is not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict):
-                    raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
                 text = _field(obj, text_field)
                 if not isinstance(text, str):
                     raise ConfigError(f"{where}: field {text_field!r} (--text-field) is "
@@ -249,33 +251,27 @@ class SearchIndex:
 
 
 class RemoteSearch:
-    """The client of ``python -m verl_agentic.tools.search serve``."""
+    """The client of ``python -m verl_agentic.tools.search serve`` (one attempt per search: a tool
+    call has its own time limit)."""
 
     def __init__(self, url: str, timeout_s: float = 10.0):
-        if not re.match(r"^https?://[^/]+", url or ""):
-            raise ConfigError(f"search url must look like http://host:port, got {url!r}")
-        self.url = url.rstrip("/")
+        self.url = self._transport(url, timeout_s).url  # checks the url now
         self.timeout_s = timeout_s
 
-    async def search(self, query: str, k: int = 3) -> list[Hit]:
-        import aiohttp
+    @staticmethod
+    def _transport(url: str, timeout_s: float) -> HttpTransport:
+        return HttpTransport(url, name="search service", request_timeout_s=timeout_s, max_retries=0)
 
+    async def search(self, query: str, k: int = 3) -> list[Hit]:
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
-                async with session.post(f"{self.url}/search", json={"query": query, "k": k}) as r:
-                    body = await r.read()
-                    status = r.status
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise SearchError(f"search service {self.url} unreachable: {type(e).__name__}: {e}") from None
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise SearchError(f"search service {self.url} answered {status} with non-JSON") from None
-        if status != 200:
-            err = payload.get("error") if isinstance(payload, dict) else None
-            raise SearchError(f"search service {self.url} answered {status}: "
-                              f"{err.get('message') if isinstance(err, dict) else str(payload)[:200]}")
-        results = payload.get("results") if isinstance(payload, dict) else None
+            # a transport per search: the tool may be called from different event loops
+            async with self._transport(self.url, self.timeout_s) as http:
+                payload = await http.request("POST", "/search", json_body={"query": query, "k": k})
+        except ServiceError as e:
+            if e.status is None:
+                raise SearchError(f"search service {self.url} unreachable: {e.message}") from None
+            raise SearchError(f"search service {self.url} answered {e.status}: {e.message}") from None
+        results = payload.get("results")
         if not isinstance(results, list):
             raise SearchError(f"search service {self.url} answered without a 'results' list")
         try:
@@ -347,29 +343,21 @@ class SearchTool(BaseTool):
 # ------------------------------------------------------------------------------------------------
 # the HTTP service
 # ------------------------------------------------------------------------------------------------
-def make_app(index: SearchIndex):
-    from aiohttp import web
-
-    def error(status: int, type_: str, message: str) -> web.Response:
-        return web.json_response({"error": {"type": type_, "message": message}}, status=status)
-
+def make_app(index: SearchIndex) -> web.Application:
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "docs": index.num_docs, "index": str(index.path)})
 
     async def search(request: web.Request) -> web.Response:
-        try:
-            payload = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            return error(400, "bad_request", f"request body is not valid JSON: {e}")
-        if not isinstance(payload, dict) or not isinstance(payload.get("query"), str):
-            return error(400, "bad_request", 'expected {"query": str, "k"?: int}')
+        payload = await read_json_object(request, ("query", "k"))
+        if not isinstance(payload.get("query"), str):
+            raise ServiceError(400, "bad_request", 'expected {"query": str, "k"?: int}')
         k = payload.get("k", 3)
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-            return error(400, "bad_request", f"'k' must be an integer in [1, {MAX_K}], got {k!r}")
+            raise ServiceError(400, "bad_request", f"'k' must be an integer in [1, {MAX_K}], got {k!r}")
         hits = await asyncio.to_thread(index.search, payload["query"], k)
         return web.json_response({"results": [h.as_dict() for h in hits]})
 
-    app = web.Application()
+    app = web.Application(middlewares=[error_middleware()])
     app.router.add_get("/health", health)
     app.router.add_post("/search", search)
     return app

@@ -8,7 +8,8 @@ verl name               our manager                                             
 ======================  ==========================================================  ==================
 ``agentic_naive``       ``naive``: in-process (verl already owns the name ``naive``)
 ``prime``               ``prime``: process pool, timeouts kill the worker            ``agentic_prime``
-``swedev``              ``swedev``: client of ``python -m verl_agentic.reward.server``  ``agentic_swedev``
+``agentic_remote``      ``remote``: client of ``python -m verl_agentic.reward.server``  (verl owns ``remote``)
+``swedev``              the same, by its first name                                  ``agentic_swedev``
 ======================  ==========================================================  ==================
 
 Select one with hydra overrides of verl's trainer, e.g.::
@@ -18,7 +19,7 @@ Select one with hydra overrides of verl's trainer, e.g.::
         +reward.agentic.timeout_s=10 +reward.agentic.num_workers=4 \\
         '+reward.agentic.scorer_kwargs={gsm8k: {method: strict}}'
 
-    ... reward.reward_manager.name=swedev +reward.agentic.url=http://10.0.0.5:8765
+    ... reward.reward_manager.name=agentic_remote +reward.agentic.url=http://10.0.0.5:8765
 
 Settings: ``reward.agentic`` (a mapping; absent = all defaults; it needs the ``+`` prefix because
 verl's config is in struct mode). Every key of ``verl_agentic.reward.RewardConfig`` except
@@ -29,7 +30,7 @@ verl's config is in struct mode). Every key of ``verl_agentic.reward.RewardConfi
 - ``solution``: ``last_assistant`` (default) | ``all_assistant`` (see "What is scored")
 - ``timeout_s`` (per sample, default 30), ``failure_policy`` (mask | zero | penalty), ``penalty``
 - prime: ``num_workers`` (pool size, 0 = all CPUs), ``memory_limit_mb``, ``straggler_s``
-- swedev: ``url`` (required), ``batch_size``, ``concurrency``, ``max_retries``, ``retry_backoff_s``,
+- remote / swedev: ``url`` (required), ``batch_size``, ``concurrency``, ``max_retries``, ``retry_backoff_s``,
   ``request_timeout_s``
 - ``progress``
 
@@ -153,7 +154,7 @@ def _to_plain(value: Any) -> Any:
 
 
 def settings_from_verl_config(config: Any, manager: str) -> AdapterSettings:
-    """Parse ``config.reward.agentic`` for our manager ``manager`` (naive | prime | swedev)."""
+    """Parse ``config.reward.agentic`` for our manager ``manager`` (naive | prime | remote | swedev)."""
     reward_section = config.get("reward") if config is not None else None
     raw = _to_plain(reward_section.get("agentic")) if reward_section is not None else None
     if raw is None:
@@ -180,8 +181,8 @@ def settings_from_verl_config(config: Any, manager: str) -> AdapterSettings:
         known = sorted(set(RewardConfig.__dataclass_fields__) - {"manager"}) + list(ADAPTER_KEYS)
         raise ConfigError(f"unknown reward.agentic keys {sorted(unknown)}; known: {known}")
     reward = RewardConfig.from_dict({**raw, "manager": manager})
-    if manager == "swedev" and not reward.url:
-        raise ConfigError("reward.reward_manager.name=swedev needs the reward server's address: "
+    if manager in ("remote", "swedev") and not reward.url:
+        raise ConfigError(f"our {manager!r} reward manager needs the reward server's address: "
                           "+reward.agentic.url=http://HOST:PORT (start it with `python -m verl_agentic.reward.server`)")
     return AdapterSettings(reward, tuple(extra_keys), float(window))
 
@@ -477,9 +478,16 @@ class AgenticPrimeRewardManager(_AgenticRewardManager):
     manager = "prime"
 
 
+@_register("agentic_remote")
+class AgenticRemoteRewardManager(_AgenticRewardManager):
+    """verl name ``agentic_remote``: the client of our reward server (needs ``url``); verl owns ``remote``."""
+
+    manager = "remote"
+
+
 @_register("agentic_swedev", "swedev")
-class AgenticSwedevRewardManager(_AgenticRewardManager):
-    """verl names ``swedev`` / ``agentic_swedev``: the client of our reward server (needs ``url``)."""
+class AgenticSwedevRewardManager(AgenticRemoteRewardManager):
+    """verl names ``swedev`` / ``agentic_swedev``: the same client by its first name."""
 
     manager = "swedev"
 

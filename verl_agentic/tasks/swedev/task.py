@@ -12,7 +12,7 @@ Each episode gets its own sandbox from the sandbox service (``python -m verl_age
   (the submission, stored in the trajectory's ``extra_info.swedev_submission``), runs the
   instance's hidden tests in the sandbox, and destroys the sandbox. Reward: 1.0 when the hidden
   tests pass, else 0.0. The ``swedev`` scorer re-runs the same tests from the submission, so
-  ``reward.manager=swedev reward.url=<the same service>`` scores the trajectories (or naive/prime).
+  ``reward.manager=remote reward.url=<the same service>`` scores the trajectories (or naive/prime).
 
 Failures of the sandbox itself are typed episode errors (``tool_error``, the message starting
 with ``swedev:`` and the sandbox error type): no sandbox could be created (the service is down,
