@@ -198,3 +198,20 @@ def test_background_loop_runs_coroutines_from_any_thread_and_closes():
     assert finals == ["test-loop"] and not thread.is_alive() and not loop.started
     assert loop.run(where()) == "test-loop"  # usable again: a fresh loop
     loop.close()
+
+
+def test_background_loop_stops_even_when_the_final_coroutine_raises():
+    loop = BackgroundLoop("test-loop-2")
+
+    async def noop():
+        return 1
+
+    assert loop.run(noop()) == 1
+    thread = loop._thread
+
+    async def broken():
+        raise OSError("closing failed")
+
+    with pytest.raises(OSError, match="closing failed"):
+        loop.close(broken)
+    assert not thread.is_alive() and not loop.started

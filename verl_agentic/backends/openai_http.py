@@ -39,7 +39,7 @@ malformed one raises :class:`ServerResponseError` at once. Both are ``EpisodeFai
 Once a request has given up, the server counts as down: later requests make a single attempt
 (no retries, so the rest of a rollout fails fast) until one succeeds again.
 
-The session lives on a private event loop in a helper thread, so the backend can be used from any
+The session lives on a private event loop in a helper thread (``serving.BackgroundLoop``), so the backend can be used from any
 event loop, one after another (``main_rollout`` rolls out in one ``asyncio.run`` and closes the
 backend in another), and JSON work stays off the rollout's loop. Cancelling a ``generate`` call
 closes its HTTP request, which makes vLLM abort the generation.
@@ -65,6 +65,7 @@ import aiohttp
 
 from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
 from verl_agentic.interfaces import ChatOutput, ConfigError, EpisodeFailure, GenOutput, SamplingParams, check_keys
+from verl_agentic.serving import BackgroundLoop
 
 BACKOFF_CAP_S = 8.0
 APIS = ("completions", "chat")
@@ -300,8 +301,7 @@ class OpenAIBackend(GenerationBackend):
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
         self._lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._helper = BackgroundLoop("openai-backend")
         self._session: Optional[aiohttp.ClientSession] = None
         self._semaphore: Optional[asyncio.Semaphore] = None
         self._model_lock: Optional[asyncio.Lock] = None
@@ -372,15 +372,8 @@ class OpenAIBackend(GenerationBackend):
             if self._closed:
                 return
             self._closed = True
-            loop, thread = self._loop, self._thread
-        if loop is None:
-            return
-        try:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close_session(), loop))
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.to_thread(thread.join)
-            loop.close()
+        if self._helper.started:
+            await asyncio.to_thread(self._helper.close, self._close_session)
 
     def stats(self) -> dict[str, float]:
         """Counters: ``requests`` answered, ``generated_tokens``, ``prompt_tokens``, ``busy_s`` (seconds
@@ -513,11 +506,7 @@ class OpenAIBackend(GenerationBackend):
         with self._lock:
             if self._closed:
                 raise RuntimeError("OpenAIBackend is closed")
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._loop.run_forever, name="openai-backend", daemon=True)
-                self._thread.start()
-            return self._loop
+            return self._helper.loop
 
     def _setup(self) -> aiohttp.ClientSession:
         """The pooled session, semaphore and lock, made on first use inside the helper loop."""

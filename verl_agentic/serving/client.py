@@ -188,20 +188,23 @@ class BackgroundLoop:
         return self.submit(coro).result()
 
     def close(self, final: Optional[Callable[[], Coroutine[Any, Any, Any]]] = None, timeout_s: float = 10.0) -> None:
-        """Run ``final()`` on the loop (if given, and the loop ran), then stop the loop and its thread."""
+        """Run ``final()`` on the loop (if given, and the loop ran; its error is raised after the loop
+        stopped), then stop the loop and its thread."""
         with self._lock:
             loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is None:
             return
-        if final is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(final(), loop).result(timeout=timeout_s)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=timeout_s)
-        if not loop.is_running():
-            loop.close()
+        try:
+            if final is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(final(), loop).result(timeout=timeout_s)
+                except concurrent.futures.TimeoutError:
+                    pass  # the loop stops anyway
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=timeout_s)
+            if not loop.is_running():
+                loop.close()
 
 
 __all__ = ["BackgroundLoop", "HttpTransport"]
