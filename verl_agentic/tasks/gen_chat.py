@@ -27,7 +27,7 @@ Failures are typed episode errors, and the episode keeps what it generated: an e
 does not answer in time is a ``timeout``; a task that raised on the service keeps its type
 (``task_error``, ...); everything else (unreachable after the retries, 5xx, garbage, a lost
 session, a request the service refused) is an ``env_error`` whose message names the kind and the
-call, e.g. ``[service_unavailable] environment service http://host:8100/step: ... (after 4 attempts)``.
+call, e.g. ``[service_unavailable] environment service http://host:8100/step: ... (gave up after 4 attempts)``.
 ``env_requests``, ``env_retries`` and ``env_errors`` are in each episode's metrics.
 
 Rows: any task's rows with ``task_type: gen_chat`` and ``extra_info.env_task``; convert a
