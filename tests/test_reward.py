@@ -323,3 +323,12 @@ def test_closing_the_pool_resolves_samples_still_in_flight():
     assert r.error.type == "worker_died" and "closed" in r.error.message
     with pytest.raises(RuntimeError, match="closed"):
         m.submit(RewardItem("#### 1", "1", "openai/gsm8k"))
+
+
+def test_prime_workers_start_with_the_builtin_scorers_loaded():
+    """The template process looks the entry-point scorers up once; a forked worker does not import
+    them inside its first item's timeout (which took ~0.15-0.3 s and failed items under load)."""
+    with make_reward_manager({"manager": "prime", "num_workers": 1, "timeout_s": 0.1}) as m:
+        for _ in range(3):  # three batches, each within the tight limit
+            results = m.score_items(gsm8k_items(2))
+            assert [r.error.type if r.error else r.score for r in results] == [1.0, 0.0]

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from verl_agentic.inspect.runs import read_json_lines
+from verl_agentic.jsonl import read_json_lines
 from verl_agentic.interfaces import ConfigError
 
 # Keys summarised per seed: the reward and what shows the multi-turn path at work.
@@ -44,7 +44,7 @@ def read_metrics(run: Path) -> list[dict]:
     if not path.is_file():
         raise InputError(f"{run}: no metrics.jsonl (is this a main_ppo output.dir?)")
     try:
-        rows = read_json_lines(path, "a step's metrics")
+        rows = read_json_lines(path, what="a step's metrics")
     except ConfigError as e:
         raise InputError(str(e)) from None
     for i, row in enumerate(rows, 1):

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from verl_agentic.inspect.runs import read_json_lines
+from verl_agentic.jsonl import read_json_lines
 
 HERE = Path(__file__).resolve().parent
 OURS = HERE.parent / "learning_run"
@@ -40,7 +40,7 @@ _spec.loader.exec_module(ours)
 
 def verl_rows(run: Path) -> tuple[list[dict], list[dict]]:
     """(the rows under examples/learning_run's keys, verl's metrics as logged), one per training step."""
-    logged = read_json_lines(run / "metrics.jsonl", "a step's metrics")
+    logged = read_json_lines(run / "metrics.jsonl", what="a step's metrics")
     steps: dict[int, dict] = {}
     for line in logged:
         steps.setdefault(int(line["step"]), {}).update(line["data"])
@@ -48,7 +48,7 @@ def verl_rows(run: Path) -> tuple[list[dict], list[dict]]:
     for step in sorted(s for s, m in steps.items() if "critic/score/mean" in m):
         m = steps[step]
         path = run / "rollouts" / f"step_{step - 1:06d}.jsonl"
-        episodes = read_json_lines(path, "an episode") if path.is_file() else []
+        episodes = read_json_lines(path, what="an episode") if path.is_file() else []
         n = len(episodes) or 1
         metric = lambda k: sum(float((e.get("metrics") or {}).get(k, 0.0)) for e in episodes)  # noqa: E731
         rows.append({
@@ -119,7 +119,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         (a.out / "metrics" / f"seed{seed}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (a.out / "metrics" / f"seed{seed}.verl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
         seeds[seed] = {**ours.summarize_run(rows), "timing_s_mean": timing(logged)}
-    mine = {path.stem.removeprefix("seed"): read_json_lines(path, "a step's metrics")
+    mine = {path.stem.removeprefix("seed"): read_json_lines(path, what="a step's metrics")
             for path in sorted((OURS / "metrics").glob("seed*.jsonl"))}
     summary = {"verl": seeds, "main_ppo": {s: ours.summarize_run(rows) for s, rows in mine.items()}}
     (a.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

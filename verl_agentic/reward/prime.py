@@ -121,9 +121,12 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, timeout_s: float, scorer_mo
     sock = socket.socket(fileno=sock_fd)
     try:
         # in the forked template process, inside the try that reports a failed start to the parent
-        from verl_agentic.reward.scorers import import_scorer_modules, preload_modules
+        from verl_agentic.reward.scorers import SCORERS, import_scorer_modules, preload_modules
 
         import_scorer_modules(scorer_modules)
+        # the built-in scorers come through entry points, found on a registry's first lookup: look
+        # them up here, once, or every forked worker would import them inside its first item's timeout
+        SCORERS.load_entry_points()
         preload_modules()
         import gc
 

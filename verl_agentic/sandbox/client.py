@@ -31,7 +31,7 @@ import time
 from typing import Any, Optional
 
 from verl_agentic.sandbox.runtime import FileSet, HiddenTests, HiddenTestResult, file_list
-from verl_agentic.serving import HttpTransport, ServiceError
+from verl_agentic.serving.errors import ServiceError
 
 # error types that are the request's fault, not the sandbox's: the sandbox is still usable
 REQUEST_ERRORS = frozenset({"bad_request", "bad_path", "path_outside_sandbox", "file_not_found", "request_too_large"})
@@ -59,6 +59,9 @@ class SandboxClient:
 
     def __init__(self, url: str, *, request_timeout_s: float = 60.0, max_retries: int = 4,
                  retry_backoff_s: float = 0.2):
+        # aiohttp on first use: the swedev task is imported wherever its scorer is (prime's workers)
+        from verl_agentic.serving.client import HttpTransport
+
         self._http = HttpTransport(url, name="sandbox service", request_timeout_s=request_timeout_s,
                                    max_retries=max_retries, retry_backoff_s=retry_backoff_s,
                                    backoff_cap_s=_BACKOFF_CAP_S, fresh_connections=True)

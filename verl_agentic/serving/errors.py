@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from aiohttp import web
-
 
 class ServiceError(Exception):
     """A failed request: HTTP ``status`` (None: there was no answer), ``type``, ``message``,
@@ -31,7 +29,10 @@ class ServiceError(Exception):
     def as_json(self) -> dict:
         return {"error": {"type": self.type, "message": self.message, "retryable": self.retryable, **self.extra}}
 
-    def response(self) -> web.Response:
+    def response(self) -> Any:
+        """The ``aiohttp.web.Response`` a server answers with."""
+        from aiohttp import web  # here, not at the top: a client-only process need not import aiohttp
+
         return web.json_response(self.as_json(), status=self.status or 500)
 
     def __repr__(self) -> str:
