@@ -296,6 +296,14 @@ def test_cancelled_request_is_dropped(make_backend, prompts) -> None:
 
     async def main() -> tuple[GenOutput, GenOutput]:
         long = asyncio.ensure_future(backend.generate(prompts[0], endless))
+
+        async def long_is_decoding() -> None:
+            # else a slow engine thread may still hold it in the queue when it is cancelled below,
+            # and the test would not see a running row leave the batch (a race the CI once hit)
+            while backend.stats()["decoded_tokens"] == 0:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(long_is_decoding(), timeout=60)
         short = await backend.generate(prompts[1], GREEDY.replace(max_new_tokens=2))
         assert not long.done()  # the short request was answered while the long one goes on
         long.cancel()
