@@ -120,3 +120,30 @@ def test_committed_verl_run_is_what_its_metrics_say():
             assert again[key] == pytest.approx(recorded[key]), key
         assert again["train_minutes"] == pytest.approx(recorded["train_minutes"])
     assert (verl_dir / "reward_curve.png").stat().st_size > 10_000
+
+
+def test_committed_base_accuracy_is_what_its_counts_say():
+    """base_accuracy.json (examples/learning_run/base_accuracy.py) covers every problem of easy_arith.jsonl
+    in both modes with run.sh's settings, its rates and per-problem counts agree with its episode counts,
+    and the README quotes its greedy and T=1 figures."""
+    spec = importlib.util.spec_from_file_location("va_learning_run_base", EXAMPLE / "base_accuracy.py")
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)
+    committed = json.loads((EXAMPLE / "base_accuracy.json").read_text())
+    problems = len((EXAMPLE / "easy_arith.jsonl").read_text().splitlines())
+    assert committed["problems"] == problems and committed["settings"] == base.SETTINGS
+    run_sh = (EXAMPLE / "run.sh").read_text()
+    assert all(s in run_sh for s in base.RUN_SETTINGS), "base_accuracy.py measures other settings than run.sh"
+    readme = (EXAMPLE / "README.md").read_text()
+    for mode, per_problem in (("greedy", 1), ("temperature_1", committed["samples_at_t1"])):
+        m = committed["modes"][mode]
+        assert m["args"] == base.mode_args(mode, per_problem)
+        assert m["episodes"] == problems * per_problem
+        for key in base.KEYS:
+            assert m["rates"][key] == m["counts"][key] / m["episodes"]
+        for part in ("first", "final"):
+            by_problem = m[f"{part}_correct_by_problem"]
+            assert len(by_problem) == problems and all(0 <= c <= per_problem for c in by_problem)
+            assert sum(by_problem) == m["counts"][f"{part}_correct"]
+        for key in ("first_correct", "final_correct"):
+            assert f"{100 * m['rates'][key]:.1f}%" in readme, (mode, key)
