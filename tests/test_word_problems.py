@@ -119,3 +119,17 @@ def test_experiments_reject_an_unknown_arm_and_a_run_without_a_base(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "val/accuracy/final": 0.2}) + "\n")
     with pytest.raises(exp.InputError, match="no step-0 validation"):
         exp.read_run(tmp_path)
+
+
+def test_answer_shape_counts_the_hash_format_and_a_collapse():
+    """The format experiment's two columns, on constructed final answers: '#### N' is counted only when
+    strict extraction reads it, and the top answer's share sees a policy that gives one number to every problem."""
+    exp = _load("experiments")
+
+    def ep(*answers):
+        return {"answers": list(answers)}
+
+    collapsed = [ep("#### 12 is the answer.", "#### 10."), ep("#### 12", "#### 10"), ep("#### 12"), ep("It is 10")]
+    assert exp.answer_shape(collapsed) == {"end_hash_format": 0.75, "end_top_answer_share": 0.75}
+    varied = [ep("Tom has 3 + 4 = 7 pens."), ep("####"), ep("#### 5"), ep("")]
+    assert exp.answer_shape(varied) == {"end_hash_format": 0.25, "end_top_answer_share": 0.25}

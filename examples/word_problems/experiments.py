@@ -21,6 +21,7 @@ i.e. the untrained model under the same settings.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import shutil
 import subprocess
@@ -28,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from verl_agentic.tasks.gsm8k.answer import extract_answer
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -194,9 +197,21 @@ def summarize_run(r: dict) -> dict:
            "peak_final": _peak(r["val"]),
            "train_reward_first5": _mean([row["reward/mean"] for row in train[:5]]),
            "train_reward_last5": _mean([row["reward/mean"] for row in train[-5:]])}
+    out.update(answer_shape(r["episodes"]))
     out["gain_final"] = out["end"]["val/accuracy/final"] - out["base"]["val/accuracy/final"]
     out["gain_first_turn"] = out["end"]["val/accuracy/first_turn"] - out["base"]["val/accuracy/first_turn"]
     return out
+
+
+def answer_shape(episodes: list[dict]) -> dict:
+    """What the last validation's final answers look like: the share that write ``#### N`` (what strict
+    extraction reads), and the share that give the single most common final number (near 1 when the
+    policy has collapsed onto one number whatever the problem; the most common ground truth of the
+    held-out rows covers 12 of 150, 0.08)."""
+    finals = [e["answers"][-1] if e["answers"] else "" for e in episodes]
+    values = collections.Counter(v for v in (extract_answer(text, "flexible") for text in finals) if v is not None)
+    return {"end_hash_format": sum(extract_answer(text, "strict") is not None for text in finals) / len(finals),
+            "end_top_answer_share": max(values.values(), default=0) / len(finals)}
 
 
 def _peak(val: list[dict]) -> dict:
@@ -231,6 +246,8 @@ def summarize(runs_dir: Path = RUNS) -> dict:
                                        "end_final": ("end", "val/accuracy/final"),
                                        "end_wrong_to_right": ("end", "val/flip_rate/wrong_to_right"),
                                        "end_answered": ("end", "val/answered")}.items()},
+                       "end_hash_format": _mean([s["end_hash_format"] for s in pick.values()]),
+                       "end_top_answer_share": _mean([s["end_top_answer_share"] for s in pick.values()]),
                        "gain_final": _mean([s["gain_final"] for s in pick.values()]),
                        "gain_first_turn": _mean([s["gain_first_turn"] for s in pick.values()])}
         complete = all(len(have[a]) >= n_seeds for a in arm_names)
@@ -259,15 +276,20 @@ def tables(summary: dict) -> str:
                          f"{s['gain_final']:+.3f} | {s['end']['val/accuracy/first_turn']:.3f} | "
                          f"{s['end']['val/flip_rate/wrong_to_right']:.3f} | {s['end']['val/answered']:.3f} | {ops} | "
                          f"{s['peak_final']['final']:.3f} ({s['peak_final']['step']}) | {s['commit']} |")
+    lines += ["", "In the experiment tables, the mean over the seeds of the last validation's: first-turn and final "
+              "accuracy, wrong->right flips, answered (the final answer has a number the arm's extraction reads), "
+              "'#### N' (the final answer writes '#### N', what strict extraction reads) and top answer (the share "
+              "of episodes giving the single most common final answer: near 1 is a collapse onto one number)."]
     for name, e in summary["experiments"].items():
         state = "" if e["complete"] else " (incomplete: not every arm has its seeds yet)"
         lines += ["", f"### {name}: {e['question']}{state}", "",
-                  "| arm | seeds | base final | final | gain | first-turn | wrong->right | answered |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| arm | seeds | base final | final | gain | first-turn | wrong->right | answered | "
+                  "'#### N' | top answer |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for arm, r in e["arms"].items():
             lines.append(f"| {arm} | {len(r['seeds'])} | {r['base_final']:.3f} | {r['end_final']:.3f} | "
                          f"{r['gain_final']:+.3f} | {r['end_first_turn']:.3f} | {r['end_wrong_to_right']:.3f} | "
-                         f"{r['end_answered']:.3f} |")
+                         f"{r['end_answered']:.3f} | {r['end_hash_format']:.3f} | {r['end_top_answer_share']:.3f} |")
         if name == "headline":
             held, budget = e["holds"], e["within_budget"]
             lines += ["", f"Headline (gain >= {HEADLINE_GAIN:.2f} and more wrong->right flips than the base): "
@@ -291,27 +313,40 @@ def quote_in_results(text: str, results: Path = REPO / "bench" / "RESULTS.md") -
 
 
 def plot(summary: dict, path: Path) -> None:
+    """One panel per experiment: each arm's held-out final accuracy along its run, one line a seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (arm, seeds) in enumerate(summary["arms"].items()):
-        for j, (seed, s) in enumerate(seeds.items()):
-            xs, ys = zip(*s["curve"])
-            ax.plot(xs, ys, marker="o", color=f"C{i}", alpha=0.8, label=arm if j == 0 else None)
-    head = summary["arms"].get("grpo_retry")
-    if head:  # the headline's bar: its base (the same in every seed: greedy) + 10 points
-        base = next(iter(head.values()))["base"]["val/accuracy/final"]
-        ax.axhline(base + HEADLINE_GAIN, color="grey", ls="--", lw=1, label=f"headline bar (base + {HEADLINE_GAIN:.2f})")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("held-out final accuracy (greedy)")
-    ax.set_title("word problems, SmolLM2-135M, 2-core CPU")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    names = list(summary["experiments"])
+    cols = 3
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), sharey=True, squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        arm_names = EXPERIMENTS[name][1]
+        for i, arm in enumerate(arm_names):
+            seeds = summary["experiments"][name]["arms"].get(arm, {}).get("seeds", [])  # the seeds its table uses
+            for j, seed in enumerate(seeds):
+                s = summary["arms"][arm][seed]
+                xs, ys = zip(*s["curve"])
+                ax.plot(xs, ys, marker="o", ms=3, color=f"C{i}", ls=("-", "--", ":")[j % 3], alpha=0.85,
+                        label=arm if j == 0 else None)
+        head = summary["arms"].get(arm_names[0]) if name == "headline" else None
+        if head:  # the headline's bar: its base (the same in every seed: greedy) + 10 points
+            base = next(iter(head.values()))["base"]["val/accuracy/final"]
+            ax.axhline(base + HEADLINE_GAIN, color="grey", ls="--", lw=1, label=f"base + {HEADLINE_GAIN:.2f}")
+        ax.set_title(name)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out final accuracy (greedy)")
+    fig.suptitle("word problems, SmolLM2-135M, 2-core CPU (one line a seed: -, --, :)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
