@@ -30,7 +30,7 @@ def _rows(name: str) -> list[dict]:
 def test_the_generator_writes_the_committed_splits(tmp_path):
     subprocess.run([sys.executable, str(EXAMPLE / "make_data.py"), "--out", str(tmp_path)], check=True,
                    capture_output=True, cwd=ROOT)
-    for name in ("train", "heldout", "train_hash", "heldout_hash"):
+    for name in ("train", "heldout", "train_hash", "heldout_hash", "train_hash_noex", "heldout_hash_noex"):
         assert (tmp_path / f"{name}.jsonl").read_bytes() == (EXAMPLE / f"{name}.jsonl").read_bytes(), name
 
 
@@ -40,11 +40,13 @@ def test_the_hash_variant_is_the_same_problems_asking_for_the_gsm8k_format():
 
     data = _load("make_data")
     for name in ("train", "heldout"):
-        plain, hashed = _rows(name), _rows(f"{name}_hash")
-        assert len(plain) == len(hashed)
-        for a, b in zip(plain, hashed):
-            assert b["prompt"][0]["content"] == a["prompt"][0]["content"].replace(data.INSTRUCTION, data.HASH_INSTRUCTION)
-            assert {k: v for k, v in a.items() if k != "prompt"} == {k: v for k, v in b.items() if k != "prompt"}
+        plain = _rows(name)
+        for suffix, instruction in (("_hash", data.HASH_INSTRUCTION), ("_hash_noex", data.HASH_NOEX_INSTRUCTION)):
+            hashed = _rows(f"{name}{suffix}")
+            assert len(plain) == len(hashed)
+            for a, b in zip(plain, hashed):
+                assert b["prompt"][0]["content"] == a["prompt"][0]["content"].replace(data.INSTRUCTION, instruction)
+                assert {k: v for k, v in a.items() if k != "prompt"} == {k: v for k, v in b.items() if k != "prompt"}
     gt = hashed[0]["reward_model"]["ground_truth"]
     assert extract_answer(f"#### {gt}", "strict") == gt and extract_answer(gt, "strict") is None
 

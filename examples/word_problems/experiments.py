@@ -69,9 +69,9 @@ def _arm(estimator: str, feedback: str, extraction: str = "flexible", schedule: 
 HASH_RETRY = 'That is not right. Try again. Answer with "####" and the number.'
 
 
-def _format_arm(extraction: str, penalty: float) -> list[str]:
+def _format_arm(extraction: str, penalty: float, rows: str = "hash") -> list[str]:
     return [*_arm("turn_loo", "retry", extraction, B8COS),
-            "data.path=examples/word_problems/train_hash.jsonl", "data.val_path=examples/word_problems/heldout_hash.jsonl",
+            f"data.path=examples/word_problems/train_{rows}.jsonl", f"data.val_path=examples/word_problems/heldout_{rows}.jsonl",
             f"task.gsm8k.retry_message='{HASH_RETRY}'",
             f"++reward.scorer_kwargs={{gsm8k:{{method:{extraction},no_answer_score:{penalty}}}}}"]
 
@@ -95,6 +95,8 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "hash_strict": ("turn_loo_retry_b8cos on the '####' rows, strict extraction", _format_arm("strict", 0.0)),
     "hash_flexible_penalty": ("the same, flexible, an unreadable answer scores -0.2", _format_arm("flexible", -0.2)),
     "hash_strict_penalty": ("the same, strict, an answer without '#### N' scores -0.2", _format_arm("strict", -0.2)),
+    "hash_noex_strict": ("hash_strict on rows whose instruction has no example answer (the '_hash_noex' rows)",
+                         _format_arm("strict", 0.0, "hash_noex")),
 }
 
 # experiment -> (question, arms compared, seeds per arm). The headline's arm is the first of its list.

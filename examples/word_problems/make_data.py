@@ -1,7 +1,8 @@
 """GSM8K-style word problems of graded difficulty (1, 2 or 3 arithmetic operations), seeded, in two
 disjoint splits: ``train.jsonl`` and ``heldout.jsonl`` (no question text in both). ``train_hash.jsonl``
 and ``heldout_hash.jsonl`` are the same problems asking for the answer after ``####`` (for the
-strict-extraction and format-penalty experiment: strict extraction reads only ``#### N``).
+strict-extraction and format-penalty experiment: strict extraction reads only ``#### N``), with an
+example answer; ``*_hash_noex.jsonl`` ask the same without the example.
 
 Rows are the gsm8k preprocessor's output (``PREPROCESS_DATASET["gsm8k"]``: prompt, ground truth,
 extra_info) with a short-answer instruction, ``data_source: verl_agentic/word_problems`` (scored by the
@@ -23,6 +24,10 @@ HERE = Path(__file__).parent
 DATA_SOURCE = "verl_agentic/word_problems"
 INSTRUCTION = "Answer with the number only."
 HASH_INSTRUCTION = 'Answer with "####" and the number, for example "#### 12".'
+# The same without an example: the base model copies an example's number ("#### 12" in 7% of its
+# greedy answers, almost all its '####' answers), and strict extraction trained on that collapses
+# onto it (DEVLOG, 2026-11-24 seventh session); without one it writes '####' with its own number in 14%.
+HASH_NOEX_INSTRUCTION = 'Answer with "####" and the number.'
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Maya", "Ben", "Zoe", "Ivan", "Nia"]
 THINGS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "stickers", "beads"]
 
@@ -128,7 +133,7 @@ def main() -> None:
     train, heldout = generate(args.seed, args.train_per_level, args.heldout_per_level)
     out = Path(args.out)
     for name, problems in (("train", train), ("heldout", heldout)):
-        for suffix, instruction in (("", INSTRUCTION), ("_hash", HASH_INSTRUCTION)):
+        for suffix, instruction in (("", INSTRUCTION), ("_hash", HASH_INSTRUCTION), ("_hash_noex", HASH_NOEX_INSTRUCTION)):
             rows = make_rows(problems, instruction)
             (out / f"{name}{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             print(f"wrote {len(rows)} problems to {out / f'{name}{suffix}.jsonl'}")
