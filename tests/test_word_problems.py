@@ -135,3 +135,14 @@ def test_answer_shape_counts_the_hash_format_and_a_collapse():
     assert exp.answer_shape(collapsed) == {"end_hash_format": 0.75, "end_top_answer_share": 0.75}
     varied = [ep("Tom has 3 + 4 = 7 pens."), ep("####"), ep("#### 5"), ep("")]
     assert exp.answer_shape(varied) == {"end_hash_format": 0.25, "end_top_answer_share": 0.25}
+
+
+def test_the_committed_format_probe_is_what_its_answers_say():
+    """format_probe.json: one greedy answer per held-out problem in each variant, and its counts (quoted in
+    DEVLOG and make_data.py) are recomputed from the answers."""
+    probe = _load("format_probe")
+    committed = json.loads((EXAMPLE / "format_probe.json").read_text())
+    assert set(committed["variants"]) == set(probe.VARIANTS) and committed["settings"] == probe.SETTINGS
+    for variant, v in committed["variants"].items():
+        assert [a["index"] for a in v["answers"]] == list(range(len(_rows(variant))))
+        assert json.loads(json.dumps(probe.counts(v["answers"]))) == v["counts"], variant

@@ -115,6 +115,8 @@ EXPERIMENTS: dict[str, tuple[str, list[str], int]] = {
     "credit_b4": ("the same at 4 problems a step, 50 steps (the first runs)", ["grpo_retry", "turn_loo_retry"], 2),
     "format": ("strict vs flexible extraction, format penalty off/on (the '####' rows)",
                ["hash_flexible", "hash_strict", "hash_flexible_penalty", "hash_strict_penalty"], 2),
+    "format_example": ("strict extraction with and without an example answer in the instruction (the strict arms "
+                       "collapsed onto the example's '#### 12')", ["hash_strict", "hash_noex_strict"], 2),
 }
 HEADLINE_GAIN = 0.10
 HEADLINE_BUDGET_MIN = 30.0  # "<= 30 min each on 2 cores"
