@@ -24,9 +24,9 @@ HERE = Path(__file__).parent
 DATA_SOURCE = "verl_agentic/word_problems"
 INSTRUCTION = "Answer with the number only."
 HASH_INSTRUCTION = 'Answer with "####" and the number, for example "#### 12".'
-# The same without an example: the base model copies an example's number ("#### 12" in 7% of its
-# greedy answers, almost all its '####' answers), and strict extraction trained on that collapses
-# onto it (DEVLOG, 2026-11-24 seventh session); without one it writes '####' with its own number in 14%.
+# The same without an example: the base model copies an example's number (8 of the 11 greedy
+# held-out answers that write '#### N' give 12; format_probe.json), and strict extraction trained on
+# that collapses onto it (DEVLOG, 2026-11-24 seventh session); without one, 21 write '#### N', none 12.
 HASH_NOEX_INSTRUCTION = 'Answer with "####" and the number.'
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Maya", "Ben", "Zoe", "Ivan", "Nia"]
 THINGS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "stickers", "beads"]
