@@ -62,16 +62,16 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="format-probe-"))
     result = {v: probe(args.model, v, work) for v in VARIANTS}
+    tallies = {v: counts(a) for v, a in result.items()}
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     (HERE / "format_probe.json").write_text(json.dumps(
         {"model": args.model, "commit": commit, "settings": SETTINGS,
-         "variants": {v: {"counts": counts(a), "answers": a} for v, a in result.items()}}, indent=1) + "\n")
+         "variants": {v: {"counts": tallies[v], "answers": a} for v, a in result.items()}}, indent=1) + "\n")
     print(f"model {args.model}, greedy first turns, strict extraction (commit {commit})")
     print("| rows | problems | write '#### N' | of which '#### 12' | correct | top '####' answers |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
-    for v, a in result.items():
-        c = counts(a)
+    for v, c in tallies.items():
         print(f"| {v} | {c['problems']} | {c['hash_format']} | {c['example_answer']} | {c['correct']} | "
               f"{c['top_hash_answers']} |")
 
