@@ -137,6 +137,39 @@ def test_answer_shape_counts_the_hash_format_and_a_collapse():
     assert exp.answer_shape(varied) == {"end_hash_format": 0.25, "end_top_answer_share": 0.25}
 
 
+def test_paired_against_base_counts_changed_problems_and_their_sign_test():
+    """Constructed: 4 problems the base got wrong and the run right, 1 the reverse, 2 unchanged. The exact
+    one-sided sign test on the 5 that changed is P(X >= 4), X ~ Binomial(5, 1/2) = (5 + 1) / 32."""
+    exp = _load("experiments")
+    base = {i: c for i, c in enumerate([0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0])}
+    run = [{"index": i, "final_correct": c} for i, c in enumerate([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0])]
+    assert exp.paired_against_base(run, base) == {"gained": 4, "lost": 1, "p_one_sided": 6 / 32}
+    # nothing changed: no evidence either way
+    assert exp.paired_against_base([{"index": 4, "final_correct": 1.0}], base)["p_one_sided"] == 1.0
+    with pytest.raises(exp.InputError, match=r"the base episodes have no problem \[9\]"):
+        exp.paired_against_base([{"index": 9, "final_correct": 1.0}], base)
+
+
+def test_the_paired_table_refuses_a_run_whose_base_is_not_the_base_episodes(tmp_path):
+    """A retry-feedback run is compared with base_episodes.jsonl only if its own step-0 validation has the same
+    accuracy (the same untrained model and settings); a copied run with another step-0 figure is refused."""
+    exp = _load("experiments")
+    src = EXAMPLE / "runs" / "turn_loo_retry_b8cos" / "seed0"
+    dest = tmp_path / "turn_loo_retry_b8cos" / "seed0"
+    dest.mkdir(parents=True)
+    for name in ("run.json", "final_validation.jsonl"):
+        (dest / name).write_text((src / name).read_text())
+    (dest / "metrics.jsonl").write_text((src / "metrics.jsonl").read_text())
+    committed = json.loads((EXAMPLE / "runs" / "summary.json").read_text())["paired"]["turn_loo_retry_b8cos"]["seed0"]
+    assert exp.summarize(tmp_path)["paired"] == {"turn_loo_retry_b8cos": {"seed0": committed}}
+    rows = [json.loads(x) for x in (src / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and "val/accuracy/final" in rows[0]
+    rows[0]["val/accuracy/final"] += 0.1
+    (dest / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(exp.InputError, match="not the base episodes' accuracy"):
+        exp.summarize(tmp_path)
+
+
 def test_the_committed_format_probe_is_what_its_answers_say():
     """format_probe.json: one greedy answer per held-out problem in each variant, and its counts (quoted in
     DEVLOG and make_data.py) are recomputed from the answers."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -112,12 +113,19 @@ EXPERIMENTS: dict[str, tuple[str, list[str], int]] = {
                  ["turn_loo_none_b8cos", "turn_loo_retry_b8cos", "turn_loo_verify_b8cos"], 2),
     "credit": ("turn-level advantage vs episode-level GRPO (8 problems a step)",
                ["grpo_retry_b8cos", "turn_loo_retry_b8cos"], 2),
-    "credit_b4": ("the same at 4 problems a step, 50 steps (the first runs)", ["grpo_retry", "turn_loo_retry"], 2),
+    "credit_b4": ("the same at 4 problems a step, 50 steps: the first runs, one seed each, which led to the b8cos "
+                  "schedule (both oscillated)", ["grpo_retry", "turn_loo_retry"], 1),
     "format": ("strict vs flexible extraction, format penalty off/on (the '####' rows)",
                ["hash_flexible", "hash_strict", "hash_flexible_penalty", "hash_strict_penalty"], 2),
-    "format_example": ("strict extraction with and without an example answer in the instruction (the strict arms "
-                       "collapsed onto the example's '#### 12')", ["hash_strict", "hash_noex_strict"], 2),
+    "format_example": ("strict extraction with and without an example answer ('#### 12') in the instruction: does "
+                       "the collapse onto one answer come from the example?", ["hash_strict", "hash_noex_strict"], 2),
 }
+# base_accuracy.py's greedy episodes: the untrained model with the settings of the arms that use retry
+# feedback and flexible extraction on the plain rows (PAIRED_ARMS), so their runs are compared with it
+# problem by problem; summarize checks that a run's step-0 validation has the same accuracy
+BASE_EPISODES = HERE / "base_episodes.jsonl"
+PAIRED_ARMS = [a for a, (_, o) in ARMS.items() if "task.gsm8k.feedback=retry" in o
+               and "task.gsm8k.extraction=flexible" in o and not any(x.startswith("data.path=") for x in o)]
 HEADLINE_GAIN = 0.10
 HEADLINE_BUDGET_MIN = 30.0  # "<= 30 min each on 2 cores"
 VAL_KEYS = ("val/accuracy/first_turn", "val/accuracy/final", "val/flip_rate/wrong_to_right",
@@ -218,6 +226,28 @@ def answer_shape(episodes: list[dict]) -> dict:
             "end_top_answer_share": max(values.values(), default=0) / len(finals)}
 
 
+def paired_against_base(episodes: list[dict], base: dict[int, float]) -> dict:
+    """Problem by problem against the untrained model's greedy episode on the same problem: ``gained``
+    (right after training, wrong before), ``lost`` (the reverse), and the exact one-sided sign test on
+    them (McNemar's exact test: if training changed nothing, each problem that changed is gained or lost
+    with probability 1/2; ``p_one_sided`` is the chance of at least ``gained`` of the changed ones being
+    gains)."""
+    missing = sorted({e["index"] for e in episodes} - set(base))
+    if missing:
+        raise InputError(f"the base episodes have no problem {missing[:5]}")
+    gained = sum(1 for e in episodes if e["final_correct"] and not base[e["index"]])
+    lost = sum(1 for e in episodes if not e["final_correct"] and base[e["index"]])
+    n = gained + lost
+    p = sum(math.comb(n, k) for k in range(gained, n + 1)) / 2 ** n if n else 1.0
+    return {"gained": gained, "lost": lost, "p_one_sided": p}
+
+
+def read_base(path: Path = BASE_EPISODES) -> dict[int, float]:
+    """{problem index: final correct} of the base model's greedy episodes (``base_accuracy.py``)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {e["index"]: e["final_correct"] for e in rows if e["mode"] == "greedy"}
+
+
 def _peak(val: list[dict]) -> dict:
     """The best validation along the way (the earliest of equals): shown, never used for the criterion,
     which is read at the last step (picking the best step would pick each seed's luck)."""
@@ -231,8 +261,19 @@ def _mean(xs: list[float]) -> Optional[float]:
 
 def summarize(runs_dir: Path = RUNS) -> dict:
     arms: dict[str, dict] = {}
+    paired: dict[str, dict] = {}
+    base = read_base() if any((runs_dir / a).is_dir() for a in PAIRED_ARMS) else {}
     for arm_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []:
-        seeds = {p.name: summarize_run(read_run(p)) for p in sorted(arm_dir.iterdir()) if (p / "run.json").is_file()}
+        seeds = {}
+        for folder in sorted(p for p in arm_dir.iterdir() if (p / "run.json").is_file()):
+            r = read_run(folder)
+            seeds[folder.name] = s = summarize_run(r)
+            if arm_dir.name in PAIRED_ARMS:
+                base_final = sum(base.values()) / len(base)
+                if abs(base_final - s["base"]["val/accuracy/final"]) > 1e-9:
+                    raise InputError(f"{folder}: its step-0 validation ({s['base']['val/accuracy/final']:.3f}) is not "
+                                     f"the base episodes' accuracy ({base_final:.3f}): not the same settings")
+                paired.setdefault(arm_dir.name, {})[folder.name] = paired_against_base(r["episodes"], base)
         if seeds:
             arms[arm_dir.name] = seeds
     experiments = {}
@@ -263,7 +304,7 @@ def summarize(runs_dir: Path = RUNS) -> dict:
         for seed, s in sorted(head.items())}
     experiments["headline"]["within_budget"] = {seed: s["wall_min"] <= HEADLINE_BUDGET_MIN
                                                 for seed, s in sorted(head.items())}
-    return {"arms": arms, "experiments": experiments}
+    return {"arms": arms, "experiments": experiments, "paired": paired}
 
 
 def tables(summary: dict) -> str:
@@ -300,6 +341,16 @@ def tables(summary: dict) -> str:
                       f"holds in {sum(held.values())}/{len(held)} seeds"
                       + (f" ({', '.join(f'{k}: {v}' for k, v in held.items())})" if held else "") + "; "
                       f"within {HEADLINE_BUDGET_MIN:.0f} minutes of wall time: {sum(budget.values())}/{len(budget)}."]
+    if summary.get("paired"):
+        lines += ["", "### Problem by problem: each run with retry feedback on the plain rows, its last validation against the base model's greedy "
+                  "episodes (`base_episodes.jsonl`, the same settings), with the exact one-sided sign test on the "
+                  "problems that changed", "",
+                  "| arm | seed | gained (base wrong, now right) | lost (base right, now wrong) | net | sign test p |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for arm, seeds in summary["paired"].items():
+            for seed, c in seeds.items():
+                lines.append(f"| {arm} | {seed.removeprefix('seed')} | {c['gained']} | {c['lost']} | "
+                             f"{c['gained'] - c['lost']:+d} | {c['p_one_sided']:.2g} |")
     return "\n".join(lines) + "\n"
 
 
