@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from verl_agentic.backends.packed_linear import PRIVATE_OPS, PackedLinears, packed_linear_supported
@@ -11,6 +13,23 @@ def test_the_private_torch_ops_still_exist() -> None:
     for op in PRIVATE_OPS:
         namespace, name = op.split(".")
         assert hasattr(getattr(torch.ops, namespace), name), f"torch.ops.{op} is gone: see backends/packed_linear.py"
+
+
+def _error_vs_float64(model, ids, logits: torch.Tensor) -> float:
+    """The largest distance of fp32 ``logits`` from the same model's forward in float64."""
+    ref = copy.deepcopy(model).double()
+    with torch.inference_mode():
+        exact = ref(input_ids=ids).logits
+    return (logits.double() - exact).abs().max().item()
+
+
+def _assert_as_accurate(fast: torch.Tensor, plain: torch.Tensor, model, ids) -> None:
+    """The packed forward is a different fp32 summation order over 30 layers, so it cannot equal the stock
+    one to the bit, and how far apart the two land depends on the CPU's kernels (0.0025 of logits up to 33
+    on an AMD EPYC, under 0.002 elsewhere). What must hold on every CPU: the packed logits are as close to
+    the float64 forward as the stock fp32 ones are (on that EPYC: 0.0004 packed, 0.0022 stock)."""
+    fast_err, plain_err = _error_vs_float64(model, ids, fast), _error_vs_float64(model, ids, plain)
+    assert fast_err <= 2 * plain_err + 1e-4, (fast_err, plain_err)
 
 
 def test_packed_forward_matches_and_the_model_is_untouched_outside(smol_dir) -> None:
@@ -25,7 +44,7 @@ def test_packed_forward_matches_and_the_model_is_untouched_outside(smol_dir) -> 
         with packed.active():
             assert all("forward" in m.__dict__ for m in packed.linears)
             fast = model(input_ids=ids).logits
-    torch.testing.assert_close(fast, plain, atol=2e-3, rtol=0)  # 30 layers of another summation order
+    _assert_as_accurate(fast, plain, model, ids)
     assert not any("forward" in m.__dict__ for m in packed.linears)
     # outside active() the model trains as before: gradients reach the linear weights
     model.train()
@@ -43,7 +62,7 @@ def test_packed_forward_matches_and_the_model_is_untouched_outside(smol_dir) -> 
         with packed.active():
             repacked = model(input_ids=ids).logits
     assert not torch.allclose(stale, new, atol=1e-2)
-    torch.testing.assert_close(repacked, new, atol=2e-3, rtol=0)
+    _assert_as_accurate(repacked, new, model, ids)
 
 
 def test_not_supported_off_cpu_fp32(tiny_qwen_dir) -> None:
