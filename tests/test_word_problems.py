@@ -157,9 +157,8 @@ def test_the_paired_table_refuses_a_run_whose_base_is_not_the_base_episodes(tmp_
     src = EXAMPLE / "runs" / "turn_loo_retry_b8cos" / "seed0"
     dest = tmp_path / "turn_loo_retry_b8cos" / "seed0"
     dest.mkdir(parents=True)
-    for name in ("run.json", "final_validation.jsonl"):
+    for name in ("run.json", "final_validation.jsonl", "metrics.jsonl"):
         (dest / name).write_text((src / name).read_text())
-    (dest / "metrics.jsonl").write_text((src / "metrics.jsonl").read_text())
     committed = json.loads((EXAMPLE / "runs" / "summary.json").read_text())["paired"]["turn_loo_retry_b8cos"]["seed0"]
     assert exp.summarize(tmp_path)["paired"] == {"turn_loo_retry_b8cos": {"seed0": committed}}
     rows = [json.loads(x) for x in (src / "metrics.jsonl").read_text().splitlines()]

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from verl_agentic.jsonl import read_json_lines
 from verl_agentic.tasks.gsm8k.answer import extract_answer
 
 HERE = Path(__file__).resolve().parent
@@ -185,12 +186,12 @@ def run(arm: str, seed: int, extra: list[str]) -> Path:
 
 
 def read_run(folder: Path) -> dict:
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_json_lines(folder / "metrics.jsonl", what="a step's metrics")
     val = [r for r in rows if "val/accuracy/final" in r]
     if not val or val[0]["step"] != 0:
         raise InputError(f"{folder}: no step-0 validation in metrics.jsonl")
     info = json.loads((folder / "run.json").read_text())
-    episodes = [json.loads(line) for line in (folder / "final_validation.jsonl").read_text().splitlines()]
+    episodes = read_json_lines(folder / "final_validation.jsonl", what="a validation episode")
     return {"rows": rows, "val": val, "info": info, "episodes": episodes}
 
 
@@ -244,8 +245,7 @@ def paired_against_base(episodes: list[dict], base: dict[int, float]) -> dict:
 
 def read_base(path: Path = BASE_EPISODES) -> dict[int, float]:
     """{problem index: final correct} of the base model's greedy episodes (``base_accuracy.py``)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {e["index"]: e["final_correct"] for e in rows if e["mode"] == "greedy"}
+    return {e["index"]: e["final_correct"] for e in read_json_lines(path, what="a base episode") if e["mode"] == "greedy"}
 
 
 def _peak(val: list[dict]) -> dict:
@@ -263,13 +263,13 @@ def summarize(runs_dir: Path = RUNS) -> dict:
     arms: dict[str, dict] = {}
     paired: dict[str, dict] = {}
     base = read_base() if any((runs_dir / a).is_dir() for a in PAIRED_ARMS) else {}
+    base_final = sum(base.values()) / len(base) if base else None
     for arm_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []:
         seeds = {}
         for folder in sorted(p for p in arm_dir.iterdir() if (p / "run.json").is_file()):
             r = read_run(folder)
             seeds[folder.name] = s = summarize_run(r)
             if arm_dir.name in PAIRED_ARMS:
-                base_final = sum(base.values()) / len(base)
                 if abs(base_final - s["base"]["val/accuracy/final"]) > 1e-9:
                     raise InputError(f"{folder}: its step-0 validation ({s['base']['val/accuracy/final']:.3f}) is not "
                                      f"the base episodes' accuracy ({base_final:.3f}): not the same settings")
