@@ -121,6 +121,9 @@ def test_experiments_reject_an_unknown_arm_and_a_run_without_a_base(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "val/accuracy/final": 0.2}) + "\n")
     with pytest.raises(exp.InputError, match="no step-0 validation"):
         exp.read_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/accuracy/final": 0.2}) + "\n{not json\n")
+    with pytest.raises(exp.InputError, match=r"metrics.jsonl: line 2 is not valid JSON"):
+        exp.read_run(tmp_path)
 
 
 def test_answer_shape_counts_the_hash_format_and_a_collapse():

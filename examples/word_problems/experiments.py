@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import read_json_lines
 from verl_agentic.tasks.gsm8k.answer import extract_answer
 
@@ -133,8 +134,8 @@ VAL_KEYS = ("val/accuracy/first_turn", "val/accuracy/final", "val/flip_rate/wron
             "val/flip_rate/right_to_wrong", "val/answered")
 
 
-class InputError(Exception):
-    pass
+class InputError(ConfigError):
+    """A wrong arm, or committed evidence that cannot be read (the message names the file and line)."""
 
 
 def command(arm: str, seed: int, out: Path, extra: list[str]) -> list[str]:
@@ -186,12 +187,12 @@ def run(arm: str, seed: int, extra: list[str]) -> Path:
 
 
 def read_run(folder: Path) -> dict:
-    rows = read_json_lines(folder / "metrics.jsonl", what="a step's metrics")
+    rows = read_json_lines(folder / "metrics.jsonl", what="a step's metrics", error=InputError)
     val = [r for r in rows if "val/accuracy/final" in r]
     if not val or val[0]["step"] != 0:
         raise InputError(f"{folder}: no step-0 validation in metrics.jsonl")
     info = json.loads((folder / "run.json").read_text())
-    episodes = read_json_lines(folder / "final_validation.jsonl", what="a validation episode")
+    episodes = read_json_lines(folder / "final_validation.jsonl", what="a validation episode", error=InputError)
     return {"rows": rows, "val": val, "info": info, "episodes": episodes}
 
 
@@ -245,7 +246,7 @@ def paired_against_base(episodes: list[dict], base: dict[int, float]) -> dict:
 
 def read_base(path: Path = BASE_EPISODES) -> dict[int, float]:
     """{problem index: final correct} of the base model's greedy episodes (``base_accuracy.py``)."""
-    return {e["index"]: e["final_correct"] for e in read_json_lines(path, what="a base episode") if e["mode"] == "greedy"}
+    return {e["index"]: e["final_correct"] for e in read_json_lines(path, what="a base episode", error=InputError) if e["mode"] == "greedy"}
 
 
 def _peak(val: list[dict]) -> dict:
