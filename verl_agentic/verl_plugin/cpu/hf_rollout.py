@@ -22,17 +22,14 @@ the server actor is named ``verl_agentic_hf_server_<replica rank>`` so the adapt
 worker finds it.
 
 Every weight push is checked: the pushed names must cover the server model's state dict (tied
-weights aside) and contain nothing else, or the push fails with the names. Each push is logged
-(``logger.info``) and, when ``VERL_AGENTIC_HF_ROLLOUT_LOG`` names a file, appended to it as a JSON
-line: global step, tensors, a weight fingerprint and the largest change from the previous push,
-so a run can show that each update reached the rollout.
+weights aside) and contain nothing else, or the push fails with the names. Each push is recorded
+(``weight_log.py``: global step, tensors, a weight fingerprint, the largest change from the previous
+push), so a run can show that each update reached the rollout.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from typing import Any, Generator, Optional
 
@@ -42,21 +39,11 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from verl_agentic.verl_plugin.cpu.weight_log import log_push, weight_fingerprint
+
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "verl_agentic_hf_server_{rank}"
-LOG_ENV = "VERL_AGENTIC_HF_ROLLOUT_LOG"
-
-
-def weight_fingerprint(state: dict[str, torch.Tensor]) -> float:
-    """A number that changes when any weight changes: the sum over tensors of
-    ``sum(w * c)`` with a fixed pseudo-random ``c`` per position (float64)."""
-    total = 0.0
-    for name in sorted(state):
-        w = state[name].detach().reshape(-1).to(torch.float64)
-        c = torch.linspace(-1.0, 1.0, w.numel(), dtype=torch.float64).sin_()
-        total += float((w * c).sum())
-    return total
 
 
 class HFRolloutServer:
@@ -132,7 +119,7 @@ class HFRolloutServer:
         model = self.backend.model
         # no forward pass may run while the weights change; the backend drops its KV cache after
         await self.backend.call_between_steps(lambda: model.load_state_dict(state, strict=False))
-        fingerprint = weight_fingerprint({k: v for k, v in model.state_dict().items() if k in self.expected})
+        fingerprint = weight_fingerprint((k, v) for k, v in model.state_dict().items() if k in self.expected)
         change = None
         if self.last_state is not None:
             change = max(float((state[k].float() - self.last_state[k].float()).abs().max()) for k in self.expected)
@@ -142,11 +129,7 @@ class HFRolloutServer:
         self.last_state = {k: v.detach().clone() for k, v in state.items() if k in self.expected}
         self.global_steps = global_steps
         self.pushes += 1
-        logger.info("hf rollout server %d: weights of step %s loaded: %s", self.replica_rank, global_steps, record)
-        path = os.environ.get(LOG_ENV)
-        if path:
-            with open(path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        log_push(record, f"hf rollout server {self.replica_rank}")
         return record
 
     async def set_global_steps(self, global_steps: int) -> None:

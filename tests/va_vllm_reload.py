@@ -1,0 +1,114 @@
+"""Run in vLLM's environment (``.venv-vllm``): the in-place weight sync on a live vLLM CPU engine.
+
+``python tests/va_vllm_reload.py MODEL_DIR BUCKET_MB`` loads MODEL_DIR in vLLM's offline engine
+(float32, in-process), then pushes weights through ``verl_plugin/cpu/vllm_worker.InPlaceReload``
+in buckets of BUCKET_MB, as verl's sync does, and prints one JSON object:
+
+- ``perturbed``: greedy logprobs after a push of randomly perturbed weights, minus a Hugging Face
+  forward of the same perturbed model (``max_abs_dlogprob``); whether the tokens changed;
+- ``restored``: after pushing the original weights back, whether the greedy tokens and logprobs
+  are the original ones;
+- ``missing``: the error of a push that lacks one parameter;
+- ``tokens_per_s``: decoding speed (16 requests x 64 tokens) before and after a push (the packed
+  kernels stay: ``bench/vllm_weight_sync.py`` compares them with vLLM's plain ``F.linear`` path);
+- the records ``finish()`` returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: collective_rpc runs here
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VERL_PLATFORM", "cpu")  # verl_agentic's CPU mode: verl finds vllm-cpu as "vllm"
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9707, 11, 1879, 0, 374], [504, 1132, 2831, 28], [42, 43, 44]]
+
+
+def buckets(state: dict, bucket_mb: int) -> list[list]:
+    out, current, size = [], [], 0
+    for name, tensor in state.items():
+        if current and size + tensor.nbytes > bucket_mb << 20:
+            out.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += tensor.nbytes
+    out.append(current)
+    return out
+
+
+def main(model_dir: str, bucket_mb: int) -> dict:
+    llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+    greedy = SamplingParams(temperature=0, max_tokens=32, logprobs=0)
+
+    def generate():
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), [next(iter(d.values())).logprob for d in o.outputs[0].logprobs])
+                for o in outs]
+
+    def tokens_per_s() -> float:
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        prompts = [{"prompt_token_ids": [1 + i, 2, 3, 4]} for i in range(16)]
+        llm.generate(prompts, params, use_tqdm=False)
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return round(16 * 64 / (time.perf_counter() - start), 1)
+
+    def push(state: dict) -> dict:
+        parts = buckets({k: v for k, v in state.items() if k != "lm_head.weight"}, bucket_mb)  # the tied alias
+
+        def load(worker):
+            from verl_agentic.verl_plugin.cpu.vllm_worker import InPlaceReload
+
+            reload = InPlaceReload(worker.model_runner.model, worker.model_runner.vllm_config.model_config)
+            reload.begin()
+            try:
+                for part in parts:
+                    reload.load(part)
+            except BaseException:
+                reload.abort()
+                raise
+            try:
+                return reload.finish()
+            except Exception as e:  # the record of the failure
+                return {"error": f"{type(e).__name__}: {e}"}
+
+        return llm.collective_rpc(load)[0]
+
+    result: dict = {"tokens_per_s": {"before": tokens_per_s()}}
+    base = generate()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in hf.state_dict().items()}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    result["push_perturbed"] = push(dict(hf.state_dict()))
+    after = generate()
+    worst = 0.0
+    for prompt, (tokens, logprobs) in zip(PROMPTS, after):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+        ref = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        worst = max(worst, float((ref - torch.tensor(logprobs)).abs().max()))
+    result["perturbed"] = {"max_abs_dlogprob": worst, "tokens_changed": [t for t, _ in after] != [t for t, _ in base]}
+    result["tokens_per_s"]["after_push"] = tokens_per_s()
+    result["push_restored"] = push(original)
+    back = generate()
+    result["restored"] = {"same_tokens": [t for t, _ in back] == [t for t, _ in base],
+                          "max_abs_dlogprob": max(abs(a - b) for x, y in zip(back, base) for a, b in zip(x[1], y[1]))}
+    result["missing"] = push({k: v for k, v in original.items() if k != "model.norm.weight"})
+
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))

@@ -1,0 +1,122 @@
+"""How verl's weight sync waits for the rollout, and what it sends: the parts of ``vllm_sync.py``
+that need no vLLM (so they are tested in this package's own environment).
+
+- ``GuardedSocket``: a ZMQ socket whose ``recv`` gives up, with the rollout's own error, once the
+  receiving call has failed, and with a timeout when the rollout answers nothing
+  (``VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S``, default 600 s for one acknowledgement).
+- ``tied_aliases``: the parameter names that only alias another (a tied ``lm_head.weight``), which
+  the sync leaves out.
+- ``checked``: the weights to send, without those names, and with a clear error for a tensor that
+  cannot fit in a shared-memory bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_ENV = "VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
+POLL_MS = 200
+
+
+class WeightSyncError(RuntimeError):
+    """A weight push into the rollout that failed on the rollout side, or got no answer in time."""
+
+
+def sync_timeout_s() -> float:
+    value = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        timeout = float(value) if value else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise WeightSyncError(f"{TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+    if timeout <= 0:
+        raise WeightSyncError(f"{TIMEOUT_ENV} must be > 0, got {value!r}")
+    return timeout
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+class GuardedSocket:
+    """A ZMQ socket whose ``recv`` gives up when the receiver has failed or the deadline passes."""
+
+    def __init__(self, socket: Any, receiver_error: Callable[[], Optional[BaseException]], timeout_s: float,
+                 what: str):
+        self._socket = socket
+        self._receiver_error = receiver_error
+        self._timeout_s = timeout_s
+        self._what = what
+        self.replies = 0
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self._timeout_s
+        while not self._socket.poll(POLL_MS):
+            error = self._receiver_error()
+            if error is not None and not self._socket.poll(1000):  # (an acknowledgement sent last thing)
+                raise WeightSyncError(f"{self._what}: the rollout failed while receiving the weights (after "
+                                      f"{self.replies} acknowledged messages): {_last_line(error)}") from error
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"{self._what}: the rollout acknowledged nothing for {self._timeout_s:.0f} s "
+                                      f"(after {self.replies} messages); set {TIMEOUT_ENV} to wait longer")
+        self.replies += 1
+        return self._socket.recv(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._socket, name)
+
+
+@functools.lru_cache(maxsize=8)
+def _tied_aliases(path: str, trust_remote_code: bool) -> frozenset[str]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    owners: dict[int, str] = {}
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in owners:
+            aliases.add(name)
+        else:
+            owners[id(param)] = name
+    return frozenset(aliases)
+
+
+def tied_aliases(model_config: Any) -> frozenset[str]:
+    """The parameter names of the model that only alias an earlier one (a tied ``lm_head.weight``),
+    from an empty copy of the model built on the meta device. Empty, with a warning, for a model
+    that cannot be built that way (it is then sent as verl sends it)."""
+    path = getattr(model_config, "local_hf_config_path", None) or getattr(model_config, "local_path", None) \
+        or model_config.path
+    try:
+        return _tied_aliases(str(path), bool(getattr(model_config, "trust_remote_code", False)))
+    except Exception as e:  # a model class transformers cannot build from its config
+        logger.warning("weight sync: cannot tell the tied weights of %s (%s); sending every name", path, e)
+        return frozenset()
+
+
+def checked(weights: Iterable[tuple[str, torch.Tensor]], skip: frozenset[str],
+            bucket_mb: Optional[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights to send: without the names in ``skip``, and, where every tensor must fit in one
+    bucket (``bucket_mb``: shared memory, no CUDA IPC), an error naming both sizes for one that does
+    not (verl's own check is an ``assert`` after the earlier buckets went out)."""
+    for name, tensor in weights:
+        if name in skip:
+            continue
+        if bucket_mb is not None and tensor.nbytes > bucket_mb << 20:
+            need = -(-tensor.nbytes // (1 << 20))
+            raise WeightSyncError(
+                f"{name} ({tuple(tensor.shape)}, {tensor.dtype}) is {need} MB and the weight-sync bucket is "
+                f"{bucket_mb} MB: set actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes "
+                f"to at least {need}")
+        yield name, tensor
