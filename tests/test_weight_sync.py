@@ -4,6 +4,7 @@ environment: a real ZMQ socket pair, real model configs. The vLLM side runs in t
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 import types
@@ -115,3 +116,48 @@ def test_checked_leaves_out_aliases_and_names_both_sizes_of_a_tensor_too_big_for
                                               r"and the weight-sync bucket is 1 MB: set .*update_weights_bucket_megabytes"
                                               r" to at least 2"):
         next(stream)
+
+
+def test_a_rollout_that_is_gone_before_it_connects_fails_the_first_send():
+    """verl's sender binds a REQ socket and sends the bucket's address first: with no receiver ever
+    connecting (the rollout server died), ``send`` blocks forever. Guarded, the failed receiving call
+    ends it."""
+    ctx = zmq.Context.instance()
+    req = ctx.socket(zmq.REQ)
+    req.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        receiving = concurrent.futures.Future()
+        sender = GuardedSocket(req, _receiver(receiving), timeout_s=120, what="weight sync for step 2")
+        threading.Timer(0.5, receiving.set_exception, (RuntimeError("The actor died unexpectedly"),)).start()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match="step 2: the rollout failed .*The actor died unexpectedly"):
+            sender.send_pyobj({"name": "verl_weights_x", "size": 1})
+        assert time.monotonic() - start < 5.0
+        lonely = GuardedSocket(req, lambda: None, timeout_s=1.0, what="weight sync")
+        with pytest.raises(WeightSyncError, match="did not connect to receive for 1 s"):
+            lonely.send(b"")
+    finally:
+        req.close(linger=0)
+
+
+def test_orphaned_weight_buckets_are_found_and_removed_but_one_in_use_is_kept(tmp_path):
+    """A killed sender leaves its shared-memory bucket behind; a segment some process still maps is
+    in use and stays. (Real shared memory in /dev/shm, real /proc.)"""
+    from multiprocessing import resource_tracker, shared_memory
+
+    from verl_agentic.verl_plugin.weight_sync import orphaned_buckets, remove_orphaned_buckets
+
+    in_use = shared_memory.SharedMemory(name=f"verl_weights_test_{os.getpid()}_live", create=True, size=4096)
+    orphan = shared_memory.SharedMemory(name=f"verl_weights_test_{os.getpid()}_dead", create=True, size=4096)
+    orphan.close()  # unmapped, not unlinked: what a killed sender leaves
+    resource_tracker.unregister(orphan._name, "shared_memory")  # (this process will not unlink it at exit)
+    try:
+        found = orphaned_buckets()
+        assert f"/dev/shm/{orphan.name}" in found and f"/dev/shm/{in_use.name}" not in found
+        assert f"/dev/shm/{orphan.name}" in remove_orphaned_buckets()
+        assert not os.path.exists(f"/dev/shm/{orphan.name}") and os.path.exists(f"/dev/shm/{in_use.name}")
+    finally:
+        in_use.close()
+        in_use.unlink()
+        if os.path.exists(f"/dev/shm/{orphan.name}"):
+            os.unlink(f"/dev/shm/{orphan.name}")

@@ -7,9 +7,11 @@ sends bucket after bucket over a ZMQ socket and waits for each bucket's acknowle
 ``socket.recv()`` (``bucketed_weight_transfer.py:136``). Two faults, on GPU as on CPU:
 
 - **A hang.** When loading fails on the vLLM side, no acknowledgement ever comes, and the trainer
-  waits forever without an error. :class:`GuardedWeightSender` waits for each acknowledgement in
-  short polls; between polls it looks at the receiving call: once that has failed, the sync fails
-  with the receiver's own error (``WeightSyncError``), and a receiver that answers nothing for
+  waits forever without an error; when the rollout server is gone before it connects (killed, out
+  of memory), the sender's first ``send`` blocks forever (a REQ socket without a peer, seen here).
+  :class:`GuardedWeightSender` waits for the peer and for each acknowledgement in short polls;
+  between polls it looks at the receiving call: once that has failed, the sync fails with the
+  receiver's own error (``WeightSyncError``), and a receiver that connects or answers nothing for
   ``VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S`` seconds (default 600) fails it too. The sender's cleanup
   (verl's) then closes the socket and unlinks the shared-memory bucket.
 - **Tied weights across buckets.** A model whose ``lm_head`` is tied to its input embeddings is

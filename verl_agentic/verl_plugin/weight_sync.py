@@ -1,9 +1,9 @@
 """How verl's weight sync waits for the rollout, and what it sends: the parts of ``vllm_sync.py``
 that need no vLLM (so they are tested in this package's own environment).
 
-- ``GuardedSocket``: a ZMQ socket whose ``recv`` gives up, with the rollout's own error, once the
-  receiving call has failed, and with a timeout when the rollout answers nothing
-  (``VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S``, default 600 s for one acknowledgement).
+- ``GuardedSocket``: a ZMQ socket whose ``send`` and ``recv`` give up, with the rollout's own error,
+  once the receiving call has failed, and with a timeout when the rollout connects or answers nothing
+  (``VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S``, default 600 s for one wait).
 - ``tied_aliases``: the parameter names that only alias another (a tied ``lm_head.weight``), which
   the sync leaves out.
 - ``checked``: the weights to send, without those names, and with a clear error for a tensor that
@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+import zmq
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,12 @@ def _last_line(error: BaseException) -> str:
 
 
 class GuardedSocket:
-    """A ZMQ socket whose ``recv`` gives up when the receiver has failed or the deadline passes."""
+    """A ZMQ socket whose waits give up when the receiver has failed or the deadline passes.
+
+    verl's sender blocks twice per message: in ``send`` until a receiver is connected (a REQ socket
+    with no peer blocks, e.g. when the rollout died before it connected) and in ``recv`` until the
+    acknowledgement comes. Both wait here in short polls, checking the receiving call between polls.
+    """
 
     def __init__(self, socket: Any, receiver_error: Callable[[], Optional[BaseException]], timeout_s: float,
                  what: str):
@@ -58,16 +64,28 @@ class GuardedSocket:
         self._what = what
         self.replies = 0
 
-    def recv(self, *args: Any, **kwargs: Any) -> Any:
+    def _wait(self, event: int) -> None:
         deadline = time.monotonic() + self._timeout_s
-        while not self._socket.poll(POLL_MS):
+        while not self._socket.poll(POLL_MS, event):
             error = self._receiver_error()
-            if error is not None and not self._socket.poll(1000):  # (an acknowledgement sent last thing)
+            if error is not None and not self._socket.poll(1000, event):  # (an acknowledgement sent last thing)
                 raise WeightSyncError(f"{self._what}: the rollout failed while receiving the weights (after "
                                       f"{self.replies} acknowledged messages): {_last_line(error)}") from error
             if time.monotonic() > deadline:
-                raise WeightSyncError(f"{self._what}: the rollout acknowledged nothing for {self._timeout_s:.0f} s "
+                state = "acknowledged nothing" if event == zmq.POLLIN else "did not connect to receive"
+                raise WeightSyncError(f"{self._what}: the rollout {state} for {self._timeout_s:.0f} s "
                                       f"(after {self.replies} messages); set {TIMEOUT_ENV} to wait longer")
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait(zmq.POLLOUT)
+        return self._socket.send(*args, **kwargs)
+
+    def send_pyobj(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait(zmq.POLLOUT)
+        return self._socket.send_pyobj(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait(zmq.POLLIN)
         self.replies += 1
         return self._socket.recv(*args, **kwargs)
 
@@ -120,3 +138,38 @@ def checked(weights: Iterable[tuple[str, torch.Tensor]], skip: frozenset[str],
                 f"{bucket_mb} MB: set actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes "
                 f"to at least {need}")
         yield name, tensor
+
+
+def orphaned_buckets(shm_dir: str = "/dev/shm", prefix: str = "verl_weights_") -> list[str]:
+    """verl's shared-memory weight buckets that no process maps or holds open.
+
+    verl's sender creates the segment and keeps it mapped until its cleanup unlinks it; a sender
+    killed before that (SIGKILL, out of memory) leaves it behind, and nothing else ever removes it.
+    A segment in use is mapped by its sender, so an unmapped one is litter."""
+    try:
+        names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return []
+    if not names:
+        return []
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(n for line in f for n in names if n in line)
+            used.update(os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}")) for fd in os.listdir(f"/proc/{pid}/fd"))
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return [os.path.join(shm_dir, n) for n in names if n not in used]
+
+
+def remove_orphaned_buckets(shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove :func:`orphaned_buckets`; returns what was removed."""
+    removed = []
+    for path in orphaned_buckets(shm_dir):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
