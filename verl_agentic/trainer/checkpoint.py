@@ -50,14 +50,23 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Optional[Path]:
 
 
 def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, Any], max_to_keep: int = 2) -> Path:
-    """Write ``state`` as the checkpoint of ``step``; keep only the newest ``max_to_keep``."""
+    """Write ``state`` as the checkpoint of ``step``; keep only the newest ``max_to_keep``. A save that
+    fails (a full disk) or is interrupted removes its partial folder and leaves the others as they were."""
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
     final = base / f"step_{step:06d}"
     tmp = base / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
+    try:
+        with open(tmp / "state.pt", "wb") as f:  # a file object: a full disk is an OSError (a path: a RuntimeError)
+            torch.save(state, f)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(e.errno, f"cannot write the checkpoint {final}: {e.strerror}") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if max_to_keep > 0:
