@@ -24,3 +24,15 @@ if "va_marked_vowels" not in SCORERS:
                 f.write("scored\n")
         time.sleep(sleep_s)
         return vowel_share(solution_str, ground_truth, extra_info)
+
+CALLS = {"va_fails_after": 0}  # calls in this process (tests reset it)
+
+if "va_fails_after" not in SCORERS:
+    @register_scorer("va_fails_after")
+    def fails_after(solution_str, ground_truth, extra_info=None, *, after=0):
+        """``va_vowel_share`` for this process's first ``after`` calls, then it raises on every call: a
+        scorer that breaks in the middle of a run (the naive manager runs it in-process)."""
+        CALLS["va_fails_after"] += 1
+        if CALLS["va_fails_after"] > after:
+            raise RuntimeError("the scorer broke")
+        return vowel_share(solution_str, ground_truth, extra_info)

@@ -148,7 +148,7 @@ class TrainerConfig:
     experiment_name: str = "run"
     save_rollouts: bool = True
     use_ray: bool = False
-    ray_init: dict = field(default_factory=dict)
+    ray_init: dict = field(default_factory=lambda: {"num_cpus": None, "include_dashboard": False})
     stop_after_steps: Optional[int] = None
     warn_missing_reward_share: float = 0.1  # warn when more of a step's episodes than this have no reward
 

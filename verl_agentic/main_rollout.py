@@ -53,12 +53,14 @@ SPEED_KEYS = {"rollout": ("concurrency", "max_batch_size", "hf"),
 
 def run_identity(c: RunConfig, rows: list[dict]) -> dict:
     """What a run's episodes are of: its config without ``output`` and ``SPEED_KEYS``, and the rows
-    (their hash). ``output.dir``'s journal refuses a re-run whose identity differs."""
+    (``data.rows`` and their hash ``data.rows_sha256``). ``output.dir``'s journal refuses a re-run whose
+    identity differs, naming the keys."""
     raw = {k: v for k, v in c.raw.items() if k != "output"}
     for section, keys in SPEED_KEYS.items():
         raw[section] = {k: v for k, v in (raw.get(section) or {}).items() if k not in keys}
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
-    return {"config": raw, "rows": len(rows), "rows_sha256": digest}
+    raw["data"] = {**(raw.get("data") or {}), "rows": len(rows), "rows_sha256": digest}
+    return raw
 
 
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:

@@ -59,13 +59,17 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, An
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        with open(tmp / "state.pt", "wb") as f:  # a file object: a full disk is an OSError (a path: a RuntimeError)
+        # a file object: a full disk raises the OSError of the write (a path gives only a RuntimeError);
+        # torch's zip writer may raise a RuntimeError while closing after it, which keeps it as __context__
+        with open(tmp / "state.pt", "wb") as f:
             torch.save(state, f)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(e.errno, f"cannot write the checkpoint {final}: {e.strerror}") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        cause: Optional[BaseException] = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, f"cannot write the checkpoint {final}: {cause.strerror}") from e
         raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
