@@ -233,7 +233,7 @@ def test_a_reward_service_that_dies_while_scoring_leaves_the_rest_to_score_on_th
 EPISODES_PER_STEP = 6
 
 
-def _ppo_args(model: str, out: Path, marks: Path, *extra: str) -> list[str]:
+def _ppo_args(model: str, out: Path, marks: Path, *extra: str, sleep_s: float = 0.1) -> list[str]:
     """The settings of tests/test_trainer.py; ``rollout.concurrency=1`` makes every step's floats the same
     in every run (one request at a time: no batch composition to differ), so results compare bitwise."""
     return [f"model.path={model}", "data.path=data/gsm8k/train.jsonl", "data.max_samples=16",
@@ -241,7 +241,7 @@ def _ppo_args(model: str, out: Path, marks: Path, *extra: str) -> list[str]:
             "rollout.max_new_tokens=12", "rollout.max_batch_size=8", "rollout.concurrency=1",
             "actor.ppo_mini_batch_size=6", "actor.ppo_micro_batch_size=3", "actor.optim.lr=1e-3",
             "task.gsm8k.feedback=always_verify", "reward.scorer=va_marked_vowels", "reward.scorer_modules=[va_scorers]",
-            f"reward.scorer_kwargs={{va_marked_vowels: {{marks: '{marks}', sleep_s: 0.1}}}}",
+            f"reward.scorer_kwargs={{va_marked_vowels: {{marks: '{marks}', sleep_s: {sleep_s}}}}}",
             "output.quiet=true", f"output.dir={out}", *extra]
 
 
@@ -297,7 +297,7 @@ def test_training_through_a_reward_service_outage_warns_then_checkpoints_and_res
                         ready="reward server listening on ") as server:
         args = _ppo_args(tiny_smol_dir, out, marks, "reward.manager=swedev", f"reward.url={server.url}",
                          "reward.batch_size=2", "reward.concurrency=1", "reward.max_retries=1",
-                         "reward.retry_backoff_s=0.05")
+                         "reward.retry_backoff_s=0.05", sleep_s=0.3)  # step 2's scoring: 1.8 s to hit
         proc = _start("verl_agentic.main_ppo", *args, log=log)
         deadline = time.monotonic() + 180
         while _count(marks) < EPISODES_PER_STEP + 3:  # step 2's second request is being scored

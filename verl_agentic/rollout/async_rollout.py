@@ -128,8 +128,8 @@ class AsyncRollout:
             traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
                                     task_type=task_type, index=index, sample_id=sample_id)
             bar.update(traj)
-            if on_episode is not None:
-                on_episode(traj)
+            if on_episode is not None and (traj["error"] or {}).get("type") != "cancelled":  # a loop that
+                on_episode(traj)  # swallowed a cancellation did not finish its episode
             return traj
 
         ticker = asyncio.create_task(bar.tick_forever()) if self.progress else None
