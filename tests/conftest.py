@@ -43,3 +43,11 @@ def tiny_qwen_dir() -> Path:
     from verl_agentic.models.tiny import make_tiny_model
 
     return Path(make_tiny_model(str(QWEN25_DIR)))
+
+
+@pytest.fixture(scope="session")
+def tiny_smol_dir(smol_dir) -> str:
+    """A tiny random Qwen2 with SmolLM2's tokenizer (49k vocab: cheap logits), for the trainer's tests."""
+    from verl_agentic.models.tiny import make_tiny_model
+
+    return make_tiny_model(str(smol_dir))

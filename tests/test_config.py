@@ -153,3 +153,120 @@ def test_the_clis_report_a_bad_key_in_one_line_before_loading_a_model(module, tm
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
     assert r.stderr.startswith("error: unknown rollout keys ['temprature']; known: ['n', ") and "temperature" in r.stderr
     assert "model loaded" not in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# one truth: the YAML files hold every key the code reads, with the code's defaults
+
+
+def _yaml(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(load_config([], config_name=name), resolve=False)
+    raw.pop("hydra", None)
+    return raw
+
+
+def _task_keys() -> dict[str, set]:
+    """Every key each built-in task's config reads (its check_config rejects any other)."""
+    from dataclasses import fields as dc_fields
+
+    from verl_agentic.tasks.dr import DrConfig
+    from verl_agentic.tasks.gen_chat import GenChatConfig
+    from verl_agentic.tasks.gsm8k.task import Gsm8kConfig
+    from verl_agentic.tasks.swedev.task import SwedevConfig
+    from verl_agentic.tasks.tool_agent import ToolAgentConfig
+
+    names = lambda cls: {f.name for f in dc_fields(cls)}  # noqa: E731
+    return {"gsm8k": (names(Gsm8kConfig) - {"agent"}) | set(ToolAgentConfig.KEYS), "tool_agent": set(ToolAgentConfig.KEYS),
+            "swedev": names(SwedevConfig), "gen_chat": names(GenChatConfig), "dr": names(DrConfig)}
+
+
+# keys a config section holds only in ppo.yaml: main_rollout does not read them
+TRAINER_ONLY = {"data": {"shuffle", "val_path", "val_max_samples"}}
+# ppo.yaml's own defaults for keys rollout.yaml also has (the trainer's settings differ on purpose)
+PPO_DEFAULTS = {"data.path", "data.max_samples", "rollout.n", "rollout.temperature",
+                "rollout.max_new_tokens", "rollout.max_total_tokens", "output.dir", "output.check_drift"}
+
+
+@pytest.mark.parametrize("name", ["rollout", "ppo"])
+def test_the_yaml_files_hold_every_key_the_code_reads(name):
+    from dataclasses import fields as dc_fields
+
+    from verl_agentic.backends.hf import OPTION_KEYS
+    from verl_agentic.backends.openai_http import OpenAIConfig
+    from verl_agentic.config import HFConfig
+    from verl_agentic.rollout.task_spec import TASKS
+
+    raw = _yaml(name)
+    keys = lambda cls: {f.name for f in dc_fields(cls) if f.init}  # noqa: E731
+    sections = {"model": ModelConfig, "data": DataConfig, "output": OutputConfig, "reward": RewardConfig}
+    if name == "ppo":
+        sections.update(trainer=TrainerConfig, actor=ActorConfig, algorithm=AlgorithmConfig, critic=CriticConfig)
+        assert set(raw["actor"]["optim"]) == keys(OptimConfig) and set(raw["algorithm"]["kl_ctrl"]) == keys(KLControlConfig)
+    for section, cls in sections.items():
+        missing = keys(cls) - set(raw[section]) - (TRAINER_ONLY.get(section, set()) if name == "rollout" else set())
+        assert not missing and set(raw[section]) <= keys(cls), (section, missing, set(raw[section]) - keys(cls))
+    assert set(raw["rollout"]) == keys(RolloutConfig) | keys(GenerationConfig)
+    assert set(raw["rollout"]["hf"]) == keys(HFConfig) == set(OPTION_KEYS)
+    assert set(raw["rollout"]["openai"]) == keys(OpenAIConfig)
+    task_keys = _task_keys()
+    assert set(task_keys) == set(TASKS.names()) == set(raw["task"])  # a new task: add its section and keys
+    for task, section in raw["task"].items():
+        assert set(section) == task_keys[task], (task, task_keys[task] ^ set(section))
+
+
+def test_the_python_api_defaults_are_the_clis():
+    """A section built from rollout.yaml equals the dataclass's defaults (the Python API's): one truth."""
+    from verl_agentic.backends.openai_http import OpenAIConfig
+    from verl_agentic.config import HFConfig
+
+    raw = _yaml("rollout")
+    raw["output"].pop("dir")  # a timestamp
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("output", OutputConfig)):
+        assert parse_section(cls, raw[section], section) == cls(), section
+    r = dict(raw["rollout"])
+    hf, openai = r.pop("hf"), r.pop("openai")
+    gen = {k: r.pop(k) for k in ("backend", "max_batch_size")}
+    assert parse_section(RolloutConfig, r, "rollout") == RolloutConfig()
+    assert parse_section(GenerationConfig, gen, "rollout") == GenerationConfig()
+    assert parse_section(HFConfig, hf, "rollout.hf") == HFConfig()
+    assert OpenAIConfig.from_dict(openai) == OpenAIConfig()
+    assert RewardConfig.from_dict(raw["reward"]) == RewardConfig()
+    assert (RolloutConfig().temperature, RolloutConfig().concurrency, DataConfig().max_samples) == (0.7, 16, 8)
+
+    ppo = _yaml("ppo")
+    ppo["trainer"].pop("experiment_name")  # ${task_type}
+    for section, cls in (("trainer", TrainerConfig), ("actor", ActorConfig), ("algorithm", AlgorithmConfig),
+                         ("critic", CriticConfig)):
+        assert parse_section(cls, ppo[section], section) == cls(), section
+    flat = lambda d, p="": {k2: v2 for k, v in d.items() for k2, v2 in (flat(v, f"{p}{k}.") if isinstance(v, dict) else {f"{p}{k}": v}).items()}  # noqa: E731
+    a, b = flat({k: _yaml("rollout")[k] for k in ("data", "rollout", "output")}), flat({k: ppo[k] for k in ("data", "rollout", "output")})
+    assert {k for k in a if a[k] != b.get(k)} == PPO_DEFAULTS
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+task.gsm8kk.feedback=retry", r"^unknown task section task.gsm8kk: no task 'gsm8kk' is registered; registered: .*gsm8k"),
+    ("reward.scorer_kwargs={gsm8kk: {method: strict}}", r"^reward.scorer_kwargs: no scorer 'gsm8kk' is registered"),
+    ("reward.scorer=nope", r"^reward.scorer: no scorer 'nope' is registered"),
+    ("rollout.hf.kv_cache_gb=0", r"^rollout.hf.kv_cache_gb must be > 0, got 0"),
+    ("rollout.hf.prefill_chunk_tokens=0", r"^rollout.hf.prefill_chunk_tokens must be >= 1, got 0"),
+    ("rollout.hf.num_threads=two", r"^rollout.hf.num_threads must be an integer or null, got 'two'"),
+    ("+rollout.hf.kv_cache=1", r"^unknown rollout.hf keys \['kv_cache'\]"),
+    ("reward.timeout_s=soon", r"^reward.timeout_s must be a number or null, got 'soon'"),
+    ("trainer.warn_missing_reward_share=2", r"warn_missing_reward_share must be in \[0, 1\], got 2"),
+    ("data.on_bad_row=ignore", r"^data.on_bad_row must be one of fail, skip, got 'ignore'"),
+])
+def test_typos_and_bad_values_are_config_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(override)
+
+
+def test_scorer_names_are_left_to_a_remote_reward_service_and_documented_forms_compose():
+    # the service has its own scorers (and ignores kwargs of scorers no item uses)
+    assert parse("reward.manager=swedev", "reward.url=http://127.0.0.1:1", "reward.scorer_kwargs={theirs: {x: 1}}").reward
+    # the docs' forms, without hydra's '+': free-form mappings are null in the YAML, so they can be set whole
+    p = parse("reward.scorer_kwargs={gsm8k: {method: strict}}", "rollout.chat_template_kwargs={enable_thinking: false}",
+              "task.gen_chat.env_config={feedback: verify}", "task.swedev.limits={memory_mb: 512}")
+    assert p.reward.scorer_kwargs == {"gsm8k": {"method": "strict"}}
+    assert p.rollout.chat_template_kwargs == {"enable_thinking": False} and parse().rollout.chat_template_kwargs == {}

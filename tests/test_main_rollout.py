@@ -53,9 +53,13 @@ def test_cli_unknown_task_type_lists_registered(tmp_path):
     ("task.gsm8k.feedback=maybe", "task.gsm8k.feedback must be one of"),
     ("reward.manager=fancy", "unknown reward manager 'fancy'; registered: naive, prime"),
     ("reward.failure_policy=ignore", "reward.failure_policy must be one of"),
+    ("+task.gsm8kk.feedback=retry", "unknown task section task.gsm8kk: no task 'gsm8kk' is registered"),
+    ("reward.scorer_kwargs={gsm8kk: {method: strict}}", "reward.scorer_kwargs: no scorer 'gsm8kk' is registered"),
+    ("rollout.hf.kv_cache_gb=0", "rollout.hf.kv_cache_gb must be > 0, got 0"),
 ])
 def test_cli_bad_input_is_one_clear_line(override, message, tmp_path, tiny_qwen_dir):
     r = _run(override, f"model.path={tiny_qwen_dir}" if "model.path" not in override else "seed=0",
              "data.max_samples=1", "rollout.max_new_tokens=4", f"output.dir={tmp_path}")
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: ") and "model loaded" not in r.stderr

@@ -20,14 +20,6 @@ import va_scorers  # noqa: F401 - registers va_vowel_share
 from verl_agentic.main_rollout import load_config
 
 
-@pytest.fixture(scope="module")
-def tiny_smol_dir(smol_dir) -> str:
-    """A tiny random Qwen2 with SmolLM2's tokenizer (49k vocab: cheap logits)."""
-    from verl_agentic.models.tiny import make_tiny_model
-
-    return make_tiny_model(str(smol_dir))
-
-
 def _cfg(model_dir: str, out: Path, *extra: str):
     return load_config([
         f"model.path={model_dir}", "data.path=data/gsm8k/train.jsonl", "data.max_samples=16",
@@ -251,6 +243,78 @@ def test_resume_continues_exactly(tiny_smol_dir, tmp_path):
     for k, v in tr2.model.state_dict().items():
         assert float((v - sd_full[k]).norm() / sd_full[k].norm().clamp(min=1e-12)) < 1e-3, k
         assert float((v - sd_full[k]).abs().max()) <= 2e-3, k
+
+
+def _without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(("timing/", "perf/"))} for m in history]
+
+
+def _logged(out: Path) -> list[dict]:
+    return _without_timing([json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_smol_dir, tmp_path_factory):
+    """3 steps with ``rollout.concurrency=1`` (one request at a time: every run computes the same floats,
+    so an interrupted and resumed run must match it bit for bit): (metrics, weights)."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1")
+    tr.fit()
+    return _logged(out), {k: v.clone() for k, v in tr.model.state_dict().items()}
+
+
+def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int) -> None:
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{step:06d}"]
+    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1", "trainer.resume=true")
+    assert tr.step == step
+    tr.fit()
+    metrics, weights = uninterrupted
+    assert _logged(out) == metrics
+    assert all(torch.equal(v, weights[k]) for k, v in tr.model.state_dict().items())
+
+
+@pytest.mark.parametrize("when", ["rollout", "update"])
+def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, when):
+    """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2: during its rollout
+    the run stops at once with a checkpoint of step 1; during its update it finishes step 2 first."""
+    import signal
+
+    from verl_agentic.main_rollout import StopSignals
+
+    tr = _trainer(tiny_smol_dir, tmp_path, "rollout.concurrency=1")
+    sent = []
+
+    def stop(*_):  # a real signal, sent at a known point of step 2 (from the engine thread or the main one)
+        if tr.step == 1 and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    if when == "rollout":
+        tr.model.register_forward_pre_hook(stop)
+    else:
+        tr.optimizer.register_step_pre_hook(stop)
+    with StopSignals(on_stop=tr.request_stop) as signals, pytest.raises(KeyboardInterrupt):
+        tr.fit()
+    assert sent and signals.received == signal.SIGTERM
+    step = 1 if when == "rollout" else 2
+    assert [m["step"] for m in _logged(tmp_path)] == list(range(1, step + 1))
+    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, step)
+
+
+def test_an_exception_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, capfd):
+    """A scorer that breaks in step 2 (every episode masked: the trainer raises) leaves a checkpoint of step 1."""
+    import va_scorers
+
+    va_scorers.CALLS["va_fails_after"] = 0
+    tr = _trainer(tiny_smol_dir, tmp_path, "rollout.concurrency=1", "reward.scorer=va_fails_after",
+                  "reward.scorer_kwargs={va_fails_after: {after: 6}}")
+    with pytest.raises(RuntimeError, match="step 2: no episode has a reward"):
+        tr.fit()
+    err = capfd.readouterr().err
+    assert "warning: step 2: 6 of 6 episodes have no reward (scorer_error: 6)" in err
+    assert f"training failed (RuntimeError: step 2: no episode has a reward and a generated token to train on) in " \
+           f"step 2: checkpoint of step 1 written to {tmp_path / 'checkpoints' / 'step_000001'}" in err
+    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, 1)
 
 
 def test_config_errors_name_the_choices(tiny_smol_dir, tmp_path):

@@ -23,7 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from verl_agentic.interfaces import ConfigError, check_keys, parse_section
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.reward import REWARD_MANAGERS, RewardConfig, make_reward_manager
+from verl_agentic.reward.scorers import check_scorer_names
 from verl_agentic.rollout import RolloutConfig
+from verl_agentic.rollout.task_spec import TASKS
+from verl_agentic.tasks.data import BAD_ROW_POLICIES
 
 CONFIG_DIR = str(Path(__file__).parent / "config")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -74,10 +77,33 @@ class DataConfig:
     """``data``: the rows (and the held-out rows of the trainer's validation)."""
 
     path: str = "data/gsm8k/test.jsonl"
-    max_samples: int = -1  # -1 = all rows
+    max_samples: int = 8  # -1 = all rows (ppo.yaml: -1)
+    on_bad_row: str = "fail"  # fail | skip (left out, listed in output.dir/skipped_rows.jsonl)
     shuffle: bool = True  # the trainer's epochs
     val_path: Optional[str] = None
     val_max_samples: int = -1
+
+    def __post_init__(self) -> None:
+        if self.on_bad_row not in BAD_ROW_POLICIES:
+            raise ConfigError(f"data.on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got {self.on_bad_row!r}")
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """``rollout.hf``: the hf backend's engine, ``backends.hf.HFBackend``'s keyword arguments of these names.
+    Checked here, so a bad value is a ``ConfigError`` before the model loads."""
+
+    kv_cache_gb: float = 4.0
+    prefill_chunk_tokens: int = 256
+    num_threads: Optional[int] = None  # None: torch's default
+    packed_linear: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gb <= 0:
+            raise ConfigError(f"rollout.hf.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        _at_least("rollout.hf", self, ("prefill_chunk_tokens",), 1)
+        if self.num_threads is not None:
+            _at_least("rollout.hf", self, ("num_threads",), 1)
 
 
 @dataclass(frozen=True)
@@ -86,13 +112,14 @@ class GenerationConfig:
 
     backend: str = "hf"
     max_batch_size: int = 32
-    hf: Optional[dict] = None  # checked by backends.hf.hf_options when the backend is made (it imports torch)
+    hf: Optional[dict] = None  # checked as an HFConfig now; kept a dict (backends.hf.hf_options' input)
     openai: Optional[dict] = None  # checked by backends.openai_http.OpenAIConfig when the backend is made
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown rollout.backend {self.backend!r}; available: {', '.join(BACKENDS)}")
         _at_least("rollout", self, ("max_batch_size",), 1)
+        parse_section(HFConfig, self.hf, "rollout.hf")
 
 
 @dataclass(frozen=True)
@@ -121,12 +148,15 @@ class TrainerConfig:
     experiment_name: str = "run"
     save_rollouts: bool = True
     use_ray: bool = False
-    ray_init: dict = field(default_factory=dict)
+    ray_init: dict = field(default_factory=lambda: {"num_cpus": None, "include_dashboard": False})
     stop_after_steps: Optional[int] = None
+    warn_missing_reward_share: float = 0.1  # warn when more of a step's episodes than this have no reward
 
     def __post_init__(self) -> None:
         _at_least("trainer", self, ("total_steps", "batch_size", "max_checkpoints"), 1)
         _at_least("trainer", self, ("save_freq", "test_freq"), 0)
+        if not 0.0 <= self.warn_missing_reward_share <= 1.0:
+            raise ConfigError(f"trainer.warn_missing_reward_share must be in [0, 1], got {self.warn_missing_reward_share}")
         if self.stop_after_steps is not None:
             _at_least("trainer", self, ("stop_after_steps",), 1)
 
@@ -270,6 +300,10 @@ class RunConfig:
         task = raw.get("task") or {}
         if not isinstance(task, dict) or not all(isinstance(v, dict) or v is None for v in task.values()):
             raise ConfigError(f"task must map task names to their config sections, got {task!r}")
+        for name in task:  # a misspelt task name would otherwise be a section nobody reads
+            if name not in TASKS:
+                raise ConfigError(f"unknown task section task.{name}: no task {name!r} is registered; "
+                                  f"registered: {', '.join(TASKS.names())}")
         output = parse_section(OutputConfig, raw.get("output"), "output")
         return cls(
             task_type=task_type, seed=seed,
@@ -288,9 +322,12 @@ def _reward_config(section: Optional[dict], default_progress: bool) -> Optional[
     r = dict(section or {"manager": "none"})
     if r.get("manager") in (None, "none"):
         return None
-    r.setdefault("progress", default_progress)
+    if r.get("progress") is None:
+        r["progress"] = default_progress
     reward = RewardConfig.from_dict(r)
-    REWARD_MANAGERS.get(reward.manager)  # an unknown name lists the registered ones now, not when scoring starts
+    manager = REWARD_MANAGERS.get(reward.manager)  # an unknown name lists the registered ones now, not when scoring starts
+    if manager.local_scorers:  # a remote service has scorers of its own
+        check_scorer_names(reward.scorer, reward.scorer_kwargs, reward.scorer_modules)
     return reward
 
 

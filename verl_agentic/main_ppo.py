@@ -3,11 +3,16 @@
 Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/step_XXXXXX.jsonl``,
 ``checkpoints/step_XXXXXX/`` and, at the end, ``hf_model/`` (the trained policy) and
 ``summary.json``. All keys: ``verl_agentic/config/ppo.yaml`` (which includes rollout.yaml).
+
+SIGTERM or SIGINT (a preemption, Ctrl-C) and an exception during training write a checkpoint of the
+last point a run can continue from exactly (``PPOTrainer.request_stop``; a signal during a policy
+update waits for the step to finish), then print the command that continues it (``trainer.resume=true``).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -15,19 +20,24 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.main_rollout import run_or_exit
+from verl_agentic.main_rollout import StopSignals, continue_command, run_or_exit
 
 
-def train(cfg: DictConfig) -> list[dict]:
+def train(cfg: DictConfig, signals: Optional[StopSignals] = None) -> list[dict]:
+    """Train and write the summary; ``signals`` (the CLI's) then stop the trainer where it can checkpoint."""
     # torch and verl load when training starts, not for --help
     from verl_agentic.trainer import PPOTrainer
 
     t0 = time.monotonic()
     trainer = PPOTrainer(cfg)
+    if signals is not None:
+        signals.on_stop = trainer.request_stop
     history = trainer.fit()
     out = Path(cfg.output.dir)
     # wall_s: this process's training, model loading included (a resumed run counts only its own part)
     summary = {"steps": trainer.step, "wall_s": round(time.monotonic() - t0, 1),
+               "data": {"rows": len(trainer.rows), "val_rows": len(trainer.val_rows),
+                        "skipped_rows": len(trainer.skipped_rows)},
                "config": OmegaConf.to_container(cfg, resolve=True)}
     if history:
         first, last = history[: min(5, len(history))], history[-min(5, len(history)):]
@@ -48,9 +58,15 @@ def train(cfg: DictConfig) -> list[dict]:
     return history
 
 
+def _continue_training(cfg: DictConfig) -> str:
+    return "to continue, run: " + continue_command("verl_agentic.main_ppo", sys.argv[1:], str(cfg.output.dir),
+                                                   "trainer.resume=true")
+
+
 @hydra.main(config_path="config", config_name="ppo", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    run_or_exit(train, cfg)
+    signals = StopSignals()
+    run_or_exit(lambda c: train(c, signals), cfg, _continue_training, signals)
 
 
 def main() -> None:

@@ -3,15 +3,24 @@
 Writes ``trajectories.jsonl`` (one episode per line, the schema in docs/rollouts.md) and ``summary.json``
 (per-task metrics, backend counters, token-exactness check) into ``output.dir``, and prints
 the per-task summary table. All keys: ``verl_agentic/config/rollout.yaml``.
+
+Nothing finished is lost: each episode is written as it finishes and each chunk of scores as it is
+scored (``rollout/journal.py``), so the same command run again on the same ``output.dir`` continues
+where a crash, a kill or a stop left off. SIGINT and SIGTERM stop the run, keep what finished, and print
+the command that continues it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -29,54 +38,114 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
 )
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.reward import score_trajectories
-from verl_agentic.rollout import AsyncRollout, format_table, summarize, write_jsonl
+from verl_agentic.rollout import AsyncRollout, format_table, summarize
 from verl_agentic.rollout.async_rollout import resolve_tasks
+from verl_agentic.rollout.journal import RolloutJournal
 from verl_agentic.rollout.trajectory import drift_summary
 from verl_agentic.tasks import get_task
-from verl_agentic.tasks.data import load_rows
+from verl_agentic.tasks.data import BadRow, load_rows, write_skipped_rows
+
+# settings that change how fast a rollout goes, not what it produces: a resumed run may change them
+SPEED_KEYS = {"rollout": ("concurrency", "max_batch_size", "hf"),
+              "reward": ("progress", "num_workers", "overcommit", "concurrency", "batch_size", "timeout_s",
+                         "request_timeout_s", "max_retries", "retry_backoff_s", "straggler_s", "memory_limit_mb")}
+
+
+def run_identity(c: RunConfig, rows: list[dict]) -> dict:
+    """What a run's episodes are of: its config without ``output`` and ``SPEED_KEYS``, and the rows
+    (``data.rows`` and their hash ``data.rows_sha256``). ``output.dir``'s journal refuses a re-run whose
+    identity differs, naming the keys."""
+    raw = {k: v for k, v in c.raw.items() if k != "output"}
+    for section, keys in SPEED_KEYS.items():
+        raw[section] = {k: v for k, v in (raw.get(section) or {}).items() if k not in keys}
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+    raw["data"] = {**(raw.get("data") or {}), "rows": len(rows), "rows_sha256": digest}
+    return raw
 
 
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
-    """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary)."""
+    """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary). Continues the run
+    already in ``output.dir`` when there is one (finished episodes and scores are not redone)."""
 
     c = RunConfig.parse(cfg)  # every section checked before anything loads
     quiet = c.output.quiet
     get_task(c.task_type)  # an unknown task_type fails before anything loads
-    rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples)
+    data_path = resolve_data_path(c.data.path)
+    skipped: list[BadRow] = []
+    rows = load_rows(data_path, c.task_type, c.data.max_samples, on_bad_row=c.data.on_bad_row, skipped=skipped)
     resolve_tasks(rows, c.task_type, c.task)  # before the model loads
     scorer = reward_manager(c)  # config errors (unknown manager, missing url) before the model loads
     out_dir = Path(c.output.dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    n = c.rollout.n
+    journal = RolloutJournal(out_dir, run_identity(c, rows))  # another run's outputs: refused before the model loads
+    log = (lambda msg: None) if quiet else (lambda msg: print(f"[verl-agentic] {msg}", file=sys.stderr))
+    if skipped:
+        write_skipped_rows(out_dir / "skipped_rows.jsonl", skipped)
+        log(f"skipped {len(skipped)} bad rows of {data_path} (data.on_bad_row=skip): "
+            f"{out_dir / 'skipped_rows.jsonl'} lists them with their reasons")
+    if journal.torn_bytes:
+        log(f"dropped a torn last line ({journal.torn_bytes} bytes) left by an interrupted write")
+    pending = journal.pending(len(rows), n)
+    if journal.resumed:
+        log(f"continuing {out_dir}: {journal.resumed} of {len(rows) * n} episodes already finished")
     own_backend = backend is None
-    if own_backend:
-        t0 = time.perf_counter()
-        backend = make_backend(c)
-        if not quiet:
-            print(f"[verl-agentic] model loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
-                           seed=c.seed, progress=not quiet)
+    rollout = None
     try:
-        trajectories = rollout.run_sync(rows)
+        if own_backend:
+            t0 = time.perf_counter()
+            backend = make_backend(c)
+            log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+        rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
+                               seed=c.seed, progress=not quiet)
+        if pending:
+            rollout.run_sync(rows, pending, on_episode=journal.append)
+        trajectories = journal.trajectories(len(rows), n)
         reward_summary = None
         if scorer is not None:
             t0 = time.perf_counter()
-            score_trajectories(trajectories, scorer)
-            reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0, **scorer.stats()}
+            todo = journal.unscored(trajectories)
+            # scored a round at a time, each round's scores written down before the next
+            chunk = max(1, scorer.config.batch_size * scorer.config.concurrency)
+            for i in range(0, len(todo), chunk):
+                score_trajectories(todo[i:i + chunk], scorer)
+                journal.record_scores(todo[i:i + chunk])
+            trajectories = journal.trajectories(len(rows), n)
+            reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0,
+                              "scored_now": len(todo), **scorer.stats()}
+            unreached = len(journal.unscored(trajectories))
+            if unreached:
+                print(f"[verl-agentic] warning: {unreached} episodes could not be scored (the reward service was "
+                      f"unavailable); run the same command again to score them", file=sys.stderr)
+    except KeyboardInterrupt:
+        log(f"stopped: {len(journal.episodes)} of {len(rows) * n} episodes and {len(journal.scores)} scores "
+            f"are in {out_dir}")
+        raise
     finally:
+        journal.close()
         if scorer is not None:
             scorer.close()
-        if own_backend:
+        if own_backend and backend is not None:
             import asyncio
 
             asyncio.run(backend.close())
-    summary: dict = {"tasks": summarize(trajectories, rollout.last_wall_s), "backend": backend.stats(),
-                     "stop_token_ids": list(backend.stop_token_ids or []),
+    wall_s = rollout.last_wall_s if pending else 0.0
+    ran = set(pending)
+    new = [t for t in trajectories if (t["index"], t["sample_id"]) in ran]
+    summary: dict = {"tasks": summarize(trajectories, None if journal.resumed else wall_s),
+                     "run": {"episodes": len(trajectories), "resumed_episodes": journal.resumed,
+                             "rollout_wall_s": wall_s,
+                             "generated_tokens_per_s": sum(t["metrics"].get("generated_tokens", 0) for t in new)
+                             / wall_s if wall_s else None},
+                     "data": {"path": str(data_path), "rows": len(rows), "skipped_rows": len(skipped)},
+                     "backend": backend.stats(), "stop_token_ids": list(backend.stop_token_ids or []),
                      "reward": reward_summary, "config": c.raw}
     if c.output.check_drift:
         summary["drift"] = drift_summary(trajectories, backend.tokenizer, c.rollout.chat_template_kwargs,
                                          backend.stop_token_ids)
-    write_jsonl(out_dir / "trajectories.jsonl", trajectories)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    journal.finish(trajectories)
+    tmp = out_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, out_dir / "summary.json")
     if not quiet:
         print(format_table(summary["tasks"]))
         if "drift" in summary:
@@ -89,18 +158,75 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     return trajectories, summary
 
 
-def run_or_exit(fn: Any, cfg: DictConfig) -> None:
-    """A CLI entry's body: bad input is one clear stderr line and exit code 2, not a traceback."""
+def continue_command(module: str, argv: list[str], out_dir: str, *extra: str) -> str:
+    """The command line that continues a stopped run: the same overrides, ``output.dir`` made explicit
+    (its default has the time in it) and ``extra`` ones (e.g. ``trainer.resume=true``)."""
+    names = {a.split("=", 1)[0].lstrip("+~") for a in (f"output.dir={out_dir}", *extra)}
+    keep = [a for a in argv if a.split("=", 1)[0].lstrip("+~") not in names]
+    return shlex.join(["python", "-m", module, *keep, f"output.dir={os.path.abspath(out_dir)}", *extra])
+
+
+class StopSignals:
+    """SIGTERM and SIGINT as ``KeyboardInterrupt`` in the main thread (as Ctrl-C is), for the CLIs.
+
+    ``on_stop`` (optional) is called instead of raising: it raises ``KeyboardInterrupt`` itself when the
+    program may stop at once (the trainer defers it while it changes the weights). ``received`` is the
+    signal that came. A second signal always raises."""
+
+    def __init__(self, on_stop: Optional[Any] = None):
+        self.on_stop = on_stop
+        self.received: Optional[int] = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.received is None
+        self.received = signum
+        if first and self.on_stop is not None:
+            self.on_stop()
+            return
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def __enter__(self) -> "StopSignals":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.received or signal.SIGINT)
+
+
+def run_or_exit(fn: Any, cfg: DictConfig, stopped_message: Any = None, signals: Optional[StopSignals] = None) -> None:
+    """A CLI entry's body: bad input is one clear stderr line and exit code 2, not a traceback; a full
+    disk (or any failed write) is one line and exit code 1; SIGINT/SIGTERM (``signals``) stop the run
+    with exit code 128 + the signal and ``stopped_message(cfg)`` (how to continue) on stderr."""
+    signals = signals or StopSignals()
     try:
-        fn(cfg)
+        with signals:
+            fn(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        if stopped_message is not None:
+            print(stopped_message(cfg), file=sys.stderr)
+        sys.exit(signals.exit_code)
+    except OSError as e:  # no space left, file too large, permission denied: nothing to show but the cause
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _continue_rollout(cfg: DictConfig) -> str:
+    return "to continue, run: " + continue_command("verl_agentic.main_rollout", sys.argv[1:], str(cfg.output.dir))
 
 
 @hydra.main(config_path="config", config_name="rollout", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    run_or_exit(run, cfg)
+    run_or_exit(run, cfg, _continue_rollout)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from verl_agentic.interfaces import ConfigError, check_keys
+from verl_agentic.interfaces import ConfigError, parse_section
 from verl_agentic.registry import Registry
 from verl_agentic.reward.items import (  # noqa: F401 - RewardItem, RewardResult, ... are imported from here too
     FAILURE_POLICIES,
@@ -47,7 +47,7 @@ class RewardConfig:
 
     manager: str = "naive"  # naive | prime | swedev (or a registered third-party manager)
     scorer: Optional[str] = None  # force one scorer for every sample; default: by data_source, then task_type
-    scorer_kwargs: dict = field(default_factory=dict)  # {scorer name: {kwarg: value}}, e.g. {gsm8k: {method: strict}}
+    scorer_kwargs: Optional[dict] = None  # {scorer name: {kwarg: value}}, e.g. {gsm8k: {method: strict}}; None: {}
     scorer_modules: list = field(default_factory=list)  # modules to import so their scorers register (also in workers)
     solution: str = "last_assistant"  # which text of a trajectory is scored: last_assistant | all_assistant
     timeout_s: Optional[float] = 30.0  # per sample; None = no limit (naive cannot stop a hung scorer: see naive.py)
@@ -66,13 +66,16 @@ class RewardConfig:
     max_retries: int = 5  # on connection errors, 5xx and malformed answers
     retry_backoff_s: float = 0.5  # first backoff; doubles per retry (with jitter), capped at 8 s
     request_timeout_s: Optional[float] = None  # per request; None = timeout_s * batch_size / concurrency-ish default
-    progress: bool = False
+    progress: Optional[bool] = None  # a progress bar while scoring; None: off (the CLIs: on unless output.quiet)
+
+    def __post_init__(self) -> None:
+        if self.scorer_kwargs is None:
+            self.scorer_kwargs = {}
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "RewardConfig":
-        d = dict(d or {})
-        check_keys(d, sorted(cls.__dataclass_fields__), "reward")
-        cfg = cls(**d)
+        """The ``reward`` section: unknown keys and values of the wrong type are ``ConfigError``s naming the key."""
+        cfg = parse_section(cls, dict(d or {}), "reward")
         cfg.validate()
         return cfg
 
@@ -102,6 +105,7 @@ class RewardManager(ABC):
     """Scores samples; subclasses implement ``_score_items``. Use as a context manager or call close()."""
 
     name = "base"
+    local_scorers = True  # scores with this process's scorer registry (config checks scorer names against it)
 
     def __init__(self, config: Optional[RewardConfig] = None):
         self.config = config or RewardConfig(manager=self.name)

@@ -70,6 +70,8 @@ _ENVELOPE_BYTES = 4096  # room for the request's non-item fields
 class RemoteRewardManager(RewardManager):
     """Client of ``python -m verl_agentic.reward.server``; see the module docstring."""
 
+    local_scorers = False  # the service's registry decides (it ignores kwargs of scorers no item uses)
+
     def __init__(self, config: Optional[RewardConfig] = None):
         config = config or RewardConfig(manager=self.name)
         # The scorers run on the server: their modules need not be importable here.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
 from verl_agentic.rollout.loops import LoopLimits
@@ -16,20 +16,23 @@ from verl_agentic.rollout.task_spec import TaskSpec, get_task
 
 @dataclass
 class RolloutConfig:
-    """The ``rollout.*`` config keys (docs/rollouts.md; main_rollout's defaults: config/rollout.yaml)."""
+    """The ``rollout.*`` config keys (docs/rollouts.md). The defaults are config/rollout.yaml's, so the
+    Python API and ``main_rollout`` agree (tests/test_config.py compares them)."""
 
     n: int = 1
     max_turns: int = 3
     max_new_tokens: int = 256
     max_total_tokens: int = 2048
-    temperature: float = 1.0
+    temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = -1
-    concurrency: int = 32
+    concurrency: int = 16
     episode_timeout_s: Optional[float] = None
-    chat_template_kwargs: dict = field(default_factory=dict)
+    chat_template_kwargs: Optional[dict] = None  # None: {} (so the YAML's null can be replaced by a mapping)
 
     def __post_init__(self) -> None:
+        if self.chat_template_kwargs is None:
+            self.chat_template_kwargs = {}
         for name in ("n", "max_turns", "max_new_tokens", "max_total_tokens", "concurrency"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
@@ -98,12 +101,17 @@ class AsyncRollout:
             seed=_sample_seed(self.seed, index, sample_id) if c.temperature > 0 else None,
         )
 
-    async def run(self, rows: Sequence[dict]) -> list[dict]:
+    async def run(self, rows: Sequence[dict], pending: Optional[Sequence[tuple[int, int]]] = None,
+                  on_episode: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        """The episodes of ``pending`` (``(row index, sample id)`` pairs; default: all, row-major), in
+        that order. ``on_episode(trajectory)`` is called as each one finishes (main_rollout writes it
+        down then); an episode cancelled by a stop is not finished and is not passed on."""
         tasks = resolve_tasks(rows, self.default_task_type, self.task_configs)
         limits = LoopLimits(self.config.max_turns, self.config.max_total_tokens, self.config.episode_timeout_s)
         sem = asyncio.Semaphore(self.config.concurrency)
-        total = len(rows) * self.config.n
-        bar = _ProgressBar(total, self.progress, self.backend)
+        if pending is None:
+            pending = [(i, k) for i in range(len(rows)) for k in range(self.config.n)]
+        bar = _ProgressBar(len(pending), self.progress, self.backend)
         t0 = time.perf_counter()
 
         async def episode(index: int, sample_id: int) -> dict:
@@ -120,11 +128,13 @@ class AsyncRollout:
             traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
                                     task_type=task_type, index=index, sample_id=sample_id)
             bar.update(traj)
+            if on_episode is not None and (traj["error"] or {}).get("type") != "cancelled":  # a loop that
+                on_episode(traj)  # swallowed a cancellation did not finish its episode
             return traj
 
         ticker = asyncio.create_task(bar.tick_forever()) if self.progress else None
         try:
-            out = await asyncio.gather(*(episode(i, k) for i in range(len(rows)) for k in range(self.config.n)))
+            out = await asyncio.gather(*(episode(i, k) for i, k in pending))
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -132,8 +142,9 @@ class AsyncRollout:
         self.last_wall_s = time.perf_counter() - t0
         return list(out)
 
-    def run_sync(self, rows: Sequence[dict]) -> list[dict]:
-        return asyncio.run(self.run(rows))
+    def run_sync(self, rows: Sequence[dict], pending: Optional[Sequence[tuple[int, int]]] = None,
+                 on_episode: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        return asyncio.run(self.run(rows, pending, on_episode))
 
 
 class _ProgressBar:

@@ -26,13 +26,15 @@ CLI (writes parquet or jsonl, by the output's suffix)::
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import sys
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.jsonl import iter_json_lines
+from verl_agentic.jsonl import iter_json_lines, write_json_lines
 from verl_agentic.registry import Registry
 from verl_agentic.rollout.task_spec import ENTRY_POINT_GROUP
 
@@ -95,12 +97,48 @@ def preprocess_row(raw: dict, index: int, task_type: str) -> dict:
     return out
 
 
+BAD_ROW_POLICIES = ("fail", "skip")
+
+
+@dataclass
+class BadRow:
+    """A row left out under ``data.on_bad_row=skip``: where it is, why, and the row (or its line's text)."""
+
+    file: str
+    row: int  # its position among the file's records (blank lines do not count), from 0
+    reason: str
+    raw: Any = None
+
+    def as_dict(self) -> dict:
+        raw = json.loads(json.dumps(self.raw, ensure_ascii=False, default=str))  # parquet values may be bytes, dates
+        return {"file": self.file, "row": self.row, "reason": self.reason, "raw": raw}
+
+
 def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[dict]:
     """Rows of a ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``datasets.save_to_disk`` folder."""
-    p = Path(path)
+    return [r for _, r in _read_records(Path(path), max_samples, None)]
+
+
+def _read_records(p: Path, max_samples: Optional[int], bad: Optional[list[BadRow]]) -> list[tuple[int, dict]]:
+    """``(row number, row)`` of the first ``max_samples`` records; a record that is not a JSON object
+    raises ``DatasetError``, or goes to ``bad`` when given. A file that cannot be read at all raises
+    ``DatasetError`` either way, in one line naming it."""
     if not p.exists():
         raise DatasetError(f"dataset {str(p)!r} does not exist")
     limit = None if max_samples is None or max_samples < 0 else int(max_samples)
+    try:
+        return _read_file(p, limit, bad)
+    except DatasetError:
+        raise
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (OSError, EOFError, ValueError, zlib.error) as e:  # a bad gzip stream, parquet (ArrowInvalid is a ValueError)
+        raise DatasetError(f"{p}: cannot be read as a dataset ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _read_file(p: Path, limit: Optional[int], bad: Optional[list[BadRow]]) -> list[tuple[int, dict]]:
     if p.is_dir():
         import datasets
 
@@ -108,7 +146,7 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
         if isinstance(ds, datasets.DatasetDict):
             raise DatasetError(f"{p}: a DatasetDict; point data.path at one split folder ({', '.join(ds)})")
         rows = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
-        return [dict(r) for r in rows]
+        return list(enumerate(dict(r) for r in rows))
     suffix = p.suffix.lower()
     opener = open
     if suffix == ".gz":  # e.g. data/humaneval/HumanEval.jsonl.gz
@@ -121,23 +159,39 @@ def read_raw_rows(path: str | Path, max_samples: Optional[int] = None) -> list[d
         table = pq.read_table(p)
         if limit is not None:
             table = table.slice(0, limit)
-        return table.to_pylist()
-    if suffix in (".jsonl", ".json"):
-        rows = []
-        with opener(p, "rt", encoding="utf-8") as f:
-            if suffix == ".json":
-                data = json.load(f)
-                if not isinstance(data, list):
-                    raise DatasetError(f"{p}: a .json dataset must hold a list of objects")
-                rows = data[:limit] if limit is not None else data
-            else:
-                lines = iter_json_lines(f, str(p), error=DatasetError)
-                rows = [row for _, row in itertools.islice(lines, limit)]
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict):
-                raise DatasetError(f"{p}: row {i} is a {type(r).__name__}, expected a JSON object")
-        return rows
-    raise DatasetError(f"{p}: unsupported dataset format {suffix!r} (use .jsonl, .json, .parquet, .jsonl.gz or a datasets folder)")
+        return list(enumerate(table.to_pylist()))
+    if suffix not in (".jsonl", ".json"):
+        raise DatasetError(f"{p}: unsupported dataset format {suffix!r} (use .jsonl, .json, .parquet, .jsonl.gz or a datasets folder)")
+    with opener(p, "rt", encoding="utf-8") as f:
+        if suffix == ".json":
+            data = json.load(f)
+            if not isinstance(data, list):
+                raise DatasetError(f"{p}: a .json dataset must hold a list of objects, got {type(data).__name__}")
+            records = list(enumerate(data[:limit] if limit is not None else data))
+        else:
+            records = []
+            # a line that is not a JSON object takes its row number too: the rows after it keep theirs
+
+            def skip(line_no: int, text: str, reason: str) -> None:
+                records.append((len(records), BadRow(str(p), len(records), reason, text)))
+
+            for _, row in iter_json_lines(f, str(p), error=DatasetError, on_bad=None if bad is None else skip):
+                records.append((len(records), row))
+                if limit is not None and len(records) >= limit:
+                    break
+            if limit is not None:
+                records = records[:limit]
+    out = []
+    for i, r in records:
+        if isinstance(r, BadRow) or not isinstance(r, dict):
+            problem = r if isinstance(r, BadRow) else BadRow(
+                str(p), i, f"{p}: row {i} is a {type(r).__name__}, expected a JSON object", r)
+            if bad is None:
+                raise DatasetError(problem.reason)
+            bad.append(problem)
+            continue
+        out.append((i, r))
+    return out
 
 
 def is_preprocessed(row: dict) -> bool:
@@ -157,60 +211,95 @@ def validate_row(row: dict, where: str) -> None:
         raise DatasetError(f"{where}: field 'reward_model.ground_truth' is missing or empty")
 
 
-def load_rows(path: str | Path, task_type: str, max_samples: Optional[int] = None) -> list[dict]:
+def load_rows(path: str | Path, task_type: str, max_samples: Optional[int] = None, *,
+              on_bad_row: str = "fail", skipped: Optional[list[BadRow]] = None) -> list[dict]:
     """Load a dataset as rollout rows: raw rows go through ``preprocess_row``.
 
-    Rows are validated; any problem raises ``DatasetError`` naming the file, row and field.
+    Rows are validated. ``on_bad_row="fail"``: the first problem raises ``DatasetError`` naming the
+    file, row and field; ``"skip"``: a bad row is left out and appended to ``skipped`` (a
+    ``BadRow`` with the reason). A file that cannot be read at all is a ``DatasetError`` either way.
     Parquet files written by ``preprocess`` (or verl's own gsm8k preprocessing) load as they are.
     """
-    raw = read_raw_rows(path, max_samples)
-    if not raw:
-        raise DatasetError(f"dataset {str(path)!r} has no rows")
+    if on_bad_row not in BAD_ROW_POLICIES:
+        raise ConfigError(f"data.on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
+    bad: Optional[list[BadRow]] = [] if on_bad_row == "skip" else None
+    raw = _read_records(Path(path), max_samples, bad)
     rows = []
-    for i, r in enumerate(raw):
+    for i, r in raw:
         where = f"{path}: row {i}"
-        if is_preprocessed(r):
-            row = dict(r)
-            row.setdefault("task_type", task_type)
-        else:
-            try:
-                row = preprocess_row(r, i, task_type)
-            except DatasetError as e:
-                raise DatasetError(f"{where}: {e}") from None
-        validate_row(row, where)
+        try:
+            if is_preprocessed(r):
+                row = dict(r)
+                row.setdefault("task_type", task_type)
+            else:
+                try:
+                    row = preprocess_row(r, i, task_type)
+                except DatasetError as e:
+                    raise DatasetError(f"{where}: {e}") from None
+            validate_row(row, where)
+        except DatasetError as e:
+            if bad is None:
+                raise
+            bad.append(BadRow(str(path), i, str(e), r))
+            continue
         rows.append(row)
+    if bad and skipped is not None:
+        skipped.extend(bad)
+    if not rows:
+        raise DatasetError(f"dataset {str(path)!r} has no rows" + (f" ({len(bad)} skipped as bad, the first: "
+                                                                   f"{bad[0].reason})" if bad else ""))
     return rows
 
 
-def preprocess(task_type: str, src: str | Path, dst: str | Path, max_samples: Optional[int] = None) -> int:
-    """Preprocess a raw dataset file into rollout rows written as parquet or jsonl (by suffix)."""
-    rows = load_rows(src, task_type, max_samples)
+def write_skipped_rows(path: str | Path, skipped: list[BadRow]) -> None:
+    """The rows ``data.on_bad_row=skip`` left out, one JSON object a line (file, row, reason, raw)."""
+    write_json_lines(path, [b.as_dict() for b in skipped])
+
+
+def preprocess(task_type: str, src: str | Path, dst: str | Path, max_samples: Optional[int] = None, *,
+               on_bad_row: str = "fail", skipped: Optional[list[BadRow]] = None) -> int:
+    """Preprocess a raw dataset file into rollout rows written as parquet or jsonl (by suffix); returns
+    how many rows were written (``on_bad_row`` and ``skipped``: as in ``load_rows``)."""
     dst = Path(dst)
+    if dst.suffix not in (".parquet", ".jsonl"):
+        raise DatasetError(f"output {str(dst)!r}: use a .parquet or .jsonl file name")
+    rows = load_rows(src, task_type, max_samples, on_bad_row=on_bad_row, skipped=skipped)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         pq.write_table(pa.Table.from_pylist(rows), dst)
-    elif dst.suffix == ".jsonl":
-        with open(dst, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
     else:
-        raise DatasetError(f"output {str(dst)!r}: use a .parquet or .jsonl file name")
+        write_json_lines(dst, rows)
     return len(rows)
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m verl_agentic.tasks.data") -> None:
+    """The CLI; a bad dataset or argument is one line on stderr and exit code 2."""
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Preprocess a raw dataset into rollout rows.")
     ap.add_argument("task_type", help=f"one of: {', '.join(PREPROCESS_DATASET.names())}")
     ap.add_argument("input", help=".jsonl / .json / .parquet file or datasets folder")
     ap.add_argument("output", help="output .parquet or .jsonl")
     ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--on-bad-row", choices=BAD_ROW_POLICIES, default="fail",
+                    help="fail (default): stop at the first bad row, naming it; skip: leave bad rows out "
+                         "and list them in OUTPUT's folder as <name>.skipped.jsonl")
     args = ap.parse_args(argv)
-    n = preprocess(args.task_type, args.input, args.output, args.max_samples)
+    skipped: list[BadRow] = []
+    try:
+        n = preprocess(args.task_type, args.input, args.output, args.max_samples, on_bad_row=args.on_bad_row,
+                       skipped=skipped)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"wrote {n} rows to {args.output}")
+    if skipped:
+        out = Path(args.output)
+        listing = out.with_name(out.name.rsplit(".", 1)[0] + ".skipped.jsonl")
+        write_skipped_rows(listing, skipped)
+        print(f"skipped {len(skipped)} bad rows (listed with their reasons in {listing})")
 
 
 if __name__ == "__main__":

@@ -50,14 +50,27 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Optional[Path]:
 
 
 def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, Any], max_to_keep: int = 2) -> Path:
-    """Write ``state`` as the checkpoint of ``step``; keep only the newest ``max_to_keep``."""
+    """Write ``state`` as the checkpoint of ``step``; keep only the newest ``max_to_keep``. A save that
+    fails (a full disk) or is interrupted removes its partial folder and leaves the others as they were."""
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
     final = base / f"step_{step:06d}"
     tmp = base / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
+    try:
+        # a file object: a full disk raises the OSError of the write (a path gives only a RuntimeError);
+        # torch's zip writer may raise a RuntimeError while closing after it, which keeps it as __context__
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause: Optional[BaseException] = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, f"cannot write the checkpoint {final}: {cause.strerror}") from e
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if max_to_keep > 0:

@@ -30,7 +30,7 @@ import os
 import random
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -44,12 +44,13 @@ import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.backends.hf import HFBackend, hf_options
 from verl_agentic.config import RunConfig, resolve_data_path, reward_manager, reward_settings
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.reward import score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
 from verl_agentic.rollout.async_rollout import resolve_tasks
 from verl_agentic.tasks import get_task
-from verl_agentic.tasks.data import load_rows
+from verl_agentic.tasks.data import BadRow, load_rows, write_skipped_rows
 from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
 
 
@@ -202,6 +203,7 @@ def rollout_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[s
         m["reward/max"] = float(np.max(scored))
         m["reward/min"] = float(np.min(scored))
     m["reward/masked"] = float(len(rewards) - len(scored))
+    m["reward/missing_share"] = m["reward/masked"] / max(1, len(rewards))
     by_task: dict[str, list[float]] = defaultdict(list)
     for t, r in zip(trajs, rewards):
         if r is not None:
@@ -283,11 +285,14 @@ class PPOTrainer:
         self.algo = algo_config(c)
         self.actor_cfg = actor_config(c)
         self.task_configs = c.task
-        self.rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples)
+        self.skipped_rows: list[BadRow] = []  # data.on_bad_row=skip: written to output.dir/skipped_rows.jsonl
+        self.rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples,
+                              on_bad_row=c.data.on_bad_row, skipped=self.skipped_rows)
         resolve_tasks(self.rows, c.task_type, self.task_configs)
         self.val_rows: list[dict] = []
         if c.data.val_path:
-            self.val_rows = load_rows(resolve_data_path(c.data.val_path), c.task_type, c.data.val_max_samples)
+            self.val_rows = load_rows(resolve_data_path(c.data.val_path), c.task_type, c.data.val_max_samples,
+                                      on_bad_row=c.data.on_bad_row, skipped=self.skipped_rows)
             resolve_tasks(self.val_rows, c.task_type, self.task_configs)
         self.val_rollout_cfg = replace(self.rollout_cfg, n=1, temperature=0.0)  # greedy, one episode a row
         self.test_freq = t.test_freq
@@ -299,6 +304,10 @@ class PPOTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # written first, so tools (the inspector) can read a run that is still going
         OmegaConf.save(OmegaConf.create(c.raw), self.out_dir / "config.yaml")
+        if self.skipped_rows:
+            write_skipped_rows(self.out_dir / "skipped_rows.jsonl", self.skipped_rows)
+            self._log(f"skipped {len(self.skipped_rows)} bad rows (data.on_bad_row=skip): "
+                      f"{self.out_dir / 'skipped_rows.jsonl'} lists them with their reasons")
         self.seed = c.seed
         random.seed(self.seed)
         np.random.seed(self.seed)
@@ -352,8 +361,14 @@ class PPOTrainer:
             from verl_agentic.trainer.ray_workers import RayWorkers
 
             self.ray = RayWorkers(self, dict(t.ray_init))
+        # Crash safety: a checkpoint is exact only between two steps. ``_boundary`` is the position
+        # where the current step began; ``_weights_dirty`` is true from the first optimizer step of
+        # the update until the step is recorded (then the weights belong to neither step).
+        self._weights_dirty = False
+        self._stop_requested = False
         if t.resume:
             self._resume()
+        self._boundary = self._position()
 
     # ------------------------------------------------------------------ data
 
@@ -391,20 +406,54 @@ class PPOTrainer:
     def metrics_path(self) -> Path:
         return self.out_dir / "metrics.jsonl"
 
-    def _state(self) -> dict[str, Any]:
+    def _position(self) -> dict[str, Any]:
+        """Where the run is, between two steps: the step, the data position, the KL coefficient, the RNGs."""
         return {
             "step": self.step, "epoch": self.epoch, "cursor": self.cursor,
-            "model": self.model.state_dict(),
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
             "rng": ckpt.rng_state(),
             "backend_rng": self.ray.backend_rng() if self.ray is not None else self.backend._seed_rng.getstate(),
         }
 
+    def _state(self) -> dict[str, Any]:
+        """A checkpoint: the weights and optimizer (unchanged since the current step began, or the step
+        is complete) at the position where the current step began."""
+        return {
+            **self._boundary,
+            "model": self.model.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        }
+
     def save_checkpoint(self) -> Path:
-        return ckpt.save_checkpoint(self.out_dir / "checkpoints", self.step, self._state(),
+        return ckpt.save_checkpoint(self.out_dir / "checkpoints", self._boundary["step"], self._state(),
                                     self.conf.trainer.max_checkpoints)
+
+    def request_stop(self) -> None:
+        """Stop the run where a checkpoint is exact: at once (raises ``KeyboardInterrupt``), or, while
+        the weights are being updated, once this step is recorded. ``fit`` then writes the checkpoint
+        and re-raises. Meant for a signal handler (``main_ppo``'s, for SIGTERM and SIGINT)."""
+        self._stop_requested = True
+        if not self._weights_dirty:
+            raise KeyboardInterrupt("stop requested")
+
+    def _checkpoint_on_failure(self, error: BaseException) -> None:
+        """``fit`` was stopped (a signal) or failed (an exception): write the checkpoint that
+        ``trainer.resume`` continues from exactly, unless the weights are half-way through an update."""
+        why = "stopped" if isinstance(error, KeyboardInterrupt) else f"failed ({type(error).__name__}: {error})"
+        latest = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
+        if self._weights_dirty:
+            print(f"[verl-agentic] training {why} during step {self.step + 1}'s update: the weights are "
+                  f"between two steps, no checkpoint written; the latest is {latest or 'none'}", file=sys.stderr)
+            return
+        try:
+            folder = self.save_checkpoint()
+        except Exception as e:  # noqa: BLE001 - e.g. the disk is full; the first error is the one to report
+            print(f"[verl-agentic] training {why}; writing its checkpoint failed too ({e}); the latest is "
+                  f"{latest or 'none'}", file=sys.stderr)
+            return
+        print(f"[verl-agentic] training {why} in step {self._boundary['step'] + 1}: checkpoint of step "
+              f"{self._boundary['step']} written to {folder}", file=sys.stderr)
 
     def _resume(self) -> None:
         folder = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
@@ -426,9 +475,10 @@ class PPOTrainer:
             self.backend._seed_rng.setstate(s["backend_rng"])
         self.step, self.epoch, self.cursor = int(s["step"]), int(s["epoch"]), int(s["cursor"])
         self._order = self._epoch_order(self.epoch)
-        if self.metrics_path.exists():  # drop lines of steps after the checkpoint (they will be redone)
+        if self.metrics_path.exists():  # drop lines of steps after the checkpoint (they will be redone;
+            # at step 0 that includes the base model's validation)
             keep = [ln for ln in self.metrics_path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
+                    if ln.strip() and 0 < json.loads(ln).get("step", 0) <= self.step]
             self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
         self._log(f"resumed from {folder} at step {self.step}")
 
@@ -506,6 +556,13 @@ class PPOTrainer:
         rewards = self._rewards(trajs)
         timing["timing/reward_s"] = time.perf_counter() - t0
         metrics = rollout_metrics(trajs, rewards)
+        if metrics["reward/missing_share"] > self.conf.trainer.warn_missing_reward_share:
+            errors = Counter((t.get("score_error") or {}).get("type", "no score") for t, r in zip(trajs, rewards)
+                             if r is None)
+            print(f"[verl-agentic] warning: step {self.step + 1}: {int(metrics['reward/masked'])} of {len(trajs)} "
+                  f"episodes have no reward ({', '.join(f'{k}: {v}' for k, v in errors.most_common())}); the step "
+                  f"trains on the rest (reward/missing_share, trainer.warn_missing_reward_share="
+                  f"{self.conf.trainer.warn_missing_reward_share})", file=sys.stderr)
 
         train = [(t, r) for t, r in zip(trajs, rewards) if r is not None and sum(t["response_mask"]) > 0]
         if not train:
@@ -555,6 +612,7 @@ class PPOTrainer:
         metrics["critic/advantages/abs_max"] = float((batch.extra["advantages"].abs() * mask).max())
 
         t0 = time.perf_counter()
+        self._weights_dirty = True  # until the step is recorded: no checkpoint can be exact meanwhile
         update = self._update(batch, measure_gap=gap_measured_on is None)
         timing["timing/update_s"] = time.perf_counter() - t0
         if gap_measured_on is None and "actor/logprob_gap_mean" in update:
@@ -572,6 +630,8 @@ class PPOTrainer:
         if self._validate_after_step():
             metrics.update(self.validate())
         self._write(metrics, trajs)
+        self._boundary = self._position()
+        self._weights_dirty = False
         del batch, data, trajs
         _release_memory()
         return metrics
@@ -711,8 +771,8 @@ class PPOTrainer:
 
     def _write(self, metrics: dict[str, float], trajs: list[dict]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps({"step": self.step, **clean}) + "\n")
+        with JsonLinesAppender(self.metrics_path) as out:  # a full disk: an error naming the file, no torn line
+            out.append({"step": self.step, **clean})
         if self.conf.trainer.save_rollouts and trajs:
             (self.out_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.out_dir / "rollouts" / f"step_{self.step:06d}.jsonl", trajs)
@@ -739,6 +799,8 @@ class PPOTrainer:
             while self.step < last:
                 m = self.train_step()
                 history.append(m)
+                if self._stop_requested and self.step < last:  # a stop that waited for the update
+                    raise KeyboardInterrupt("stop requested")
                 bar.update(1)
                 labels = {"reward/mean": "reward", "accuracy/mean": "acc", "actor/logprob_gap_mean": "lp_gap"}
                 bar.set_postfix({name: f"{m[k]:.3g}" for k, name in labels.items() if m.get(k) is not None},
@@ -748,6 +810,9 @@ class PPOTrainer:
             self.save_checkpoint()  # also when stopped early: the point to resume from
             if self.step >= total and t.save_hf_model:
                 self.save_hf_model(self.out_dir / "hf_model")
+        except BaseException as e:
+            self._checkpoint_on_failure(e)
+            raise
         finally:
             bar.close()
             self.close()

@@ -63,6 +63,16 @@ def import_scorer_modules(modules: Iterable[str]) -> None:
             raise ConfigError(f"reward.scorer_modules: cannot import {m!r}: {e}") from e
 
 
+def check_scorer_names(scorer: Optional[str], scorer_kwargs: dict, modules: Iterable[str] = ()) -> None:
+    """``ConfigError`` when ``reward.scorer`` or a key of ``reward.scorer_kwargs`` names no registered
+    scorer (after importing ``modules``): a misspelt name would otherwise be ignored silently."""
+    import_scorer_modules(modules)
+    for name, key in ([(scorer, "reward.scorer")] if scorer else []) + [(k, "reward.scorer_kwargs") for k in scorer_kwargs]:
+        if name not in SCORERS:
+            raise ConfigError(f"{key}: no scorer {name!r} is registered; registered: {', '.join(SCORERS.names())} "
+                              f"(reward.scorer_modules imports your own)")
+
+
 def resolve_scorer(item: RewardItem, override: Optional[str] = None) -> str:
     """The scorer name for ``item``; ``ScoreError('unknown_scorer')`` listing the registered ones."""
     candidates = [item.scorer or override] if (item.scorer or override) else [item.data_source, item.task_type]
