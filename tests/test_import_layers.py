@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 # lowest first; the longest matching prefix decides a module's layer
 LAYERS: list[tuple[str, ...]] = [
     ("interfaces",),
-    ("registry", "serving", "isolation", "models", "jsonl"),
+    ("registry", "serving", "isolation", "models", "jsonl", "monitors"),
     ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),
     ("rollout", "backends"),
     ("tasks", "config"),  # config: the hydra files, and what the CLIs and trainers build from them

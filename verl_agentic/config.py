@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_agentic.interfaces import ConfigError, check_keys, parse_section
 from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.reward import REWARD_MANAGERS, RewardConfig, make_reward_manager
 from verl_agentic.rollout import RolloutConfig
 
@@ -123,6 +124,7 @@ class TrainerConfig:
     use_ray: bool = False
     ray_init: dict = field(default_factory=dict)
     stop_after_steps: Optional[int] = None
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
 
     def __post_init__(self) -> None:
         _at_least("trainer", self, ("total_steps", "batch_size", "max_checkpoints"), 1)
