@@ -28,6 +28,8 @@ the command line, deep-merged)::
   turns): an observation that would add one more ends the episode instead, unsent.
 - ``max_new_tokens``: tokens per assistant turn (default: ``rollout.response_length``).
 - ``episode_timeout_s``: wall-clock limit of an episode (typed ``timeout`` error; default none).
+- ``monitors``: the reward-hacking and collapse monitors of verl's trainer (``verl_plugin/monitors.py``;
+  not read by the loop, checked here with the rest).
 - ``raise_on_errors``: episode error types that fail the sample instead of training on what it
   generated (default ``[generation_error]``: a server failure). verl's v1 trainer then drops the
   sample's group; the legacy trainer stops. An episode whose prompt could not be built
@@ -80,7 +82,9 @@ from verl_agentic.interfaces import (
     EpisodeState,
     RolloutContext,
     SamplingParams,
+    parse_section,
 )
+from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 
@@ -105,6 +109,7 @@ class TaskAgentSettings:
     max_new_tokens: Optional[int] = None
     episode_timeout_s: Optional[float] = None
     raise_on_errors: tuple = ("generation_error",)
+    monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
 
     @classmethod
     def from_sources(cls, trainer_section: Any = None, loop_section: Any = None) -> "TaskAgentSettings":
@@ -146,6 +151,7 @@ class TaskAgentSettings:
         if bad:
             raise ConfigError(f"agentic.raise_on_errors: unknown error types {bad}; known: {list(ERROR_TYPES)}")
         self.raise_on_errors = tuple(self.raise_on_errors)
+        parse_section(MonitorsConfig, self.monitors, "agentic.monitors")
 
 
 # --------------------------------------------------------------------------------------------
