@@ -296,6 +296,52 @@ def test_streaming_reward_path(tiny_qwen_dir, gsm8k_parquet):
     out.to_tensordict()  # the batch is usable by the trainer on this path too
 
 
+def test_monitors_inside_verls_trainer_read_the_steps_episodes(tiny_qwen_dir, gsm8k_parquet):
+    """verl_plugin/monitors.py wraps verl's ``PPOTrainer._compute_metrics`` (the signature it calls
+    stays verl's) and feeds each step to the monitors: here the episodes our loop and our reward
+    manager really produced (verl's streaming reward path), as the v1 trainer stores them per sample
+    (``extra_fields``: our ``agentic`` record and ``reward_extra_info``; the reward: ``rm_scores``).
+    ``batch/*`` and ``monitor/*`` join verl's metrics; the stop rule saves and ends training; a trainer
+    config without an ``agentic`` section is left alone."""
+    import inspect
+
+    from verl.experimental.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from verl_agentic.monitors import batch_summary
+    from verl_agentic.verl_plugin.monitors import observe_step
+
+    hook = PPOTrainer._compute_metrics
+    assert getattr(hook, "__verl_agentic_monitors__", False)
+    assert list(inspect.signature(hook.__wrapped__).parameters) == ["self", "batch", "metrics", "timing_raw",
+                                                                    "global_steps", "epoch"]
+    cfg = agent_config(tiny_qwen_dir, "+agentic.task.gsm8k.feedback=retry", "+agentic.max_turns=2",
+                       "+agentic.max_new_tokens=8", "+agentic.monitors.thresholds.answer_collapse=0.0",
+                       "+agentic.monitors.stop_on=[answer_collapse]")
+    worker = make_worker(cfg, tiny_qwen_dir, reward_loop_worker_handles=[InProcessActor(RewardLoopWorker(cfg))])
+    out = generate(worker, dataset_batch(worker, cfg, gsm8k_parquet, rows=4, n=2))
+    keys = out.meta_info["reward_extra_keys"]
+    fields = [{AGENTIC_FIELD: out.non_tensor_batch[AGENTIC_FIELD][i],
+               "reward_extra_info": {k: out.non_tensor_batch[k][i] for k in keys}} for i in range(len(out))]
+    scores = out.batch["rm_scores"].sum(dim=1).tolist()
+    saved = []
+    trainer = types.SimpleNamespace(config=cfg, total_training_steps=5, _save_checkpoint=lambda: saved.append(1))
+    metrics = {"actor/entropy": 0.5}
+    observe_step(trainer, object(), metrics, 3, fetch=lambda _batch: (fields, scores))
+    assert metrics["batch/episodes"] == 8 and metrics["batch/prompts"] == 4
+    episodes = [dict(f[AGENTIC_FIELD], reward_extra_info=f["reward_extra_info"]) for f in fields]
+    expect = batch_summary(episodes, scores)
+    assert metrics["batch/answer_top_share"] == expect["batch/answer_top_share"]
+    assert metrics["monitor/answer_collapse"] == max(expect["batch/answer_top_share"],
+                                                     expect["batch/first_answer_top_share"])
+    assert metrics["batch/accuracy"] == pytest.approx(np.mean([f["reward_extra_info"]["acc"] for f in fields]))
+    assert "monitor/entropy_collapse" not in metrics  # no baseline yet after one step
+    assert saved == [1] and trainer.total_training_steps == 3  # the stop rule: a checkpoint, and the last step
+    alone = {}
+    observe_step(types.SimpleNamespace(config=verl_config()), object(), alone, 1, fetch=lambda _b: (fields, scores))
+    assert alone == {}
+
+
 def test_v1_trainer_storage_format(tiny_qwen_dir, gsm8k_parquet):
     """verl's default (v1) trainer stores each AgentLoopOutput's ``as_dict()`` plus the sample's
     columns in TransferQueue (AgentLoopWorkerTQ); run the loop as its worker does (one instance

@@ -45,7 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.backends.hf import HFBackend, hf_options
 from verl_agentic.config import RunConfig, resolve_data_path, reward_manager, reward_settings
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS, ConfigError
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.monitors import batch_summary, from_metrics, heldout_summary, make_monitors, merge, numeric
 from verl_agentic.reward import score_trajectories
@@ -230,6 +230,14 @@ def rollout_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[s
     if calls:
         m["tool/calls"] = float(calls)
         m["tool/success_rate"] = float((calls - errors) / calls)
+    if collect("invalid_tool_calls"):  # tasks with tools: the invalid-tool-call policy (tools/runner.py)
+        m["tool/invalid_calls"] = float(sum(collect("invalid_tool_calls")))
+        stops: dict[str, float] = defaultdict(float)
+        for t in trajs:
+            stops[t["task_type"]] += float(t.get("finish_reason") == FINISH_INVALID_TOOL_CALLS)
+        m["episode/invalid_tool_call_stops"] = sum(stops.values())
+        if len(stops) > 1:
+            m.update({f"episode/{task}/invalid_tool_call_stops": n for task, n in stops.items()})
     gen = [sum(t["response_mask"]) for t in trajs]
     m["response_length/mean"] = float(np.mean(gen))
     m["response_length/max"] = float(np.max(gen))
