@@ -416,6 +416,41 @@ def test_smollm2_multiturn_feedback_through_verl(smol_dir, gsm8k_parquet):
     assert [r["reward_score"] for r in results] == [t["reward"] for t in trajs]
 
 
+def test_invalid_tool_call_policy_through_verl(smol_dir, tmp_path):
+    """``+agentic.max_consecutive_invalid_tool_calls`` (the rollout's default; tests/test_invalid_tool_calls.py
+    has main_rollout and main_ppo): SmolLM2, asked for Python code with only the calculator tool and the
+    python_code parser, calls the unknown tool ``python`` twice; the episode ends with its own finish reason
+    and error type, is kept for training (not raised), and the reward carries the count per sample."""
+    import json
+
+    import verl_agentic.tasks  # noqa: F401  (registers the preprocessors)
+    from verl_agentic.agentic_utils import preprocess
+
+    from test_invalid_tool_calls import QUESTIONS
+
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    assert preprocess("tool_agent", tmp_path / "q.jsonl", tmp_path / "q.parquet") == 2
+    cfg = agent_config(smol_dir, "+agentic.task_type=tool_agent", "+agentic.task.tool_agent.tools=[calculator]",
+                       "+agentic.task.tool_agent.parser=python_code", "+agentic.max_turns=4",
+                       "+agentic.max_new_tokens=96", "+agentic.max_consecutive_invalid_tool_calls=2",
+                       prompt_length=512, response_length=512)
+    worker = make_worker(cfg, smol_dir)
+    batch = dataset_batch(worker, cfg, tmp_path / "q.parquet", rows=2, n=1)
+    batch.meta_info["validate"] = True  # greedy (val_kwargs)
+    out = generate(worker, batch)
+    stops = model_stop_token_ids(cfg.actor_rollout_ref.model, worker.tokenizer)
+    for i, traj in enumerate(trajectories_from_batch(out)):
+        assert out.non_tensor_batch[AGENTIC_FIELD][i]["turns"], out.non_tensor_batch[AGENTIC_FIELD][i]["error"]
+        agentic = check_masks_against_turns(out, i)
+        assert agentic["finish_reason"] == "invalid_tool_calls" and agentic["error"]["type"] == "invalid_tool_calls"
+        assert agentic["num_assistant_turns"] == 2 and agentic["metrics"]["invalid_tool_calls"] == 2
+        assert agentic["turns"][-1]["info"]["tool_calls"] == [{"name": "python", "status": "error"}]
+        assert check_drift(traj, worker.tokenizer, stop_token_ids=stops).ok
+    for result in reward_scores(cfg, worker.tokenizer, out):
+        info = result["reward_extra_info"]
+        assert info["invalid_tool_call_stop"] == 1.0 and info["invalid_tool_calls"] == 2.0 and info["episode_error"] == 1.0
+
+
 # --------------------------------------------------------------------------------------------
 # budgets, errors and settings
 
