@@ -195,6 +195,35 @@ def test_the_table_in_results_is_the_replay_of_the_committed_runs():
             assert all(c in ("-", "n/a") for c in cells), (label, cells)
 
 
+def test_the_inspector_marks_the_firing_steps_on_the_training_curves(tmp_path):
+    """A run with the monitors online (their monitor/* metrics) and a run from before them (replayed
+    from its metrics): the monitors plot and a marker on every step plot at each onset; the page
+    draws the markers."""
+    from test_inspect import NODE, _run_page
+    from verl_agentic.inspect import write_report
+    from verl_agentic.inspect.plots import monitor_history, run_plots
+    from verl_agentic.inspect.runs import load_run
+
+    online = REPO / "examples" / "word_problems" / "monitored" / "hash_strict" / "seed0"
+    run = load_run(online)
+    steps, values, firings = monitor_history(run)
+    rows = {r["step"]: r for r in run.steps}
+    onsets = [{"x": s, "label": name} for name in values for s in steps
+              if rows[s].get(f"monitor/{name}/firing") == 1.0 and rows.get(s - 1, {}).get(f"monitor/{name}/firing") != 1.0]
+    assert firings == sorted(onsets, key=lambda f: f["x"]) and {f["label"] for f in firings} == {
+        "answer_collapse", "heldout_answer_collapse"}
+    assert values["answer_collapse"][steps.index(5)] == pytest.approx(rows[5]["monitor/answer_collapse"] / 0.5)
+    plots = {p["id"]: p for p in run_plots(run) if p["group"] == "steps" and "missing" not in p}
+    assert "monitors" in plots and all(p["markers"] == firings for p in plots.values())
+    # a run logged before the monitors existed: replayed from its metrics, as bench/monitors_on_runs.py does
+    old = load_run(REPO / "examples" / "word_problems" / "runs" / "turn_loo_retry" / "seed0")
+    _, old_values, old_firings = monitor_history(old)
+    assert "entropy_collapse" in old_values and old_firings == []
+    if NODE is not None:  # the page's own drawing of the markers (run under node, tests/test_inspect.py's shim)
+        page = _run_page(write_report(online, tmp_path / "report", drift=False), tmp_path)
+        assert sorted(page["markers"]) == sorted(f["x"] for f in firings for _ in plots)
+
+
 def test_main_ppo_runs_the_monitors_online_and_stops_when_asked(tiny_smol_dir, tmp_path, capsys):
     """A real run (tiny model, gsm8k rows, validation): the monitors' statistics are in metrics.jsonl
     each step, computed from that step's episodes; a threshold of 0 makes answer_collapse fire at
