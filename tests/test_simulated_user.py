@@ -124,3 +124,34 @@ def test_the_example_with_smollm2_as_policy_and_user(smol_dir, tmp_path):
         assert t["reward"] == float(extract_answer(last) == row["answer"])
         assert t["score"] == t["reward"]  # the naive reward manager, gsm8k's rule: the same verdict
     assert replies >= 2  # the conversations went on: the user model spoke
+
+
+def test_main_ppo_trains_a_policy_against_the_simulated_user(smol_dir, tmp_path):
+    """One GRPO step of a tiny policy against the example's simulated user (SmolLM2): the user's turns
+    are the user model's replies and carry mask 0 in what the trainer trains on."""
+    from verl_agentic.main_rollout import load_config
+    from verl_agentic.models.tiny import make_tiny_model
+    from verl_agentic.trainer import PPOTrainer
+
+    cfg = load_config([f"model.path={make_tiny_model(str(smol_dir))}", "task_type=tool_agent",
+                       f"data.path={EXAMPLE / 'problems.jsonl'}", "data.max_samples=2",
+                       f"task.tool_agent.interaction={EXAMPLE / 'simulated_user.yaml'}", "rollout.n=2",
+                       "trainer.batch_size=2", "trainer.total_steps=1", "rollout.max_turns=3", "rollout.max_new_tokens=12",
+                       "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=4", "actor.entropy_coeff=0.01",
+                       f"output.dir={tmp_path}", "output.quiet=true", "trainer.save_hf_model=false"], config_name="ppo")
+    (m,) = PPOTrainer(cfg).fit()
+    assert m["actor/updated_rows"] > 0  # a real update on these episodes
+    config = load_interactions(str(EXAMPLE / "simulated_user.yaml")).by_name["simulated_user"]
+    rows = [json.loads(x) for x in (EXAMPLE / "problems.jsonl").read_text().splitlines()]
+    episodes = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    users = 0
+    for e in episodes:
+        fact = rows[e["index"]]["extra_info"]["interaction_kwargs"]["hidden_fact"]
+        system = config.persona + "\n\n" + config.instructions.format(hidden_fact=fact)
+        for u in e["turns"]:
+            assert set(e["response_mask"][u["start"]:u["end"]]) == ({1} if u["role"] == "assistant" else {0})
+        for i, msg in enumerate(e["messages"][2:], 2):
+            if msg["role"] == "user":
+                assert msg["content"] == _expected_reply(config, system, e["messages"][:i])
+                users += 1
+    assert users >= 2
