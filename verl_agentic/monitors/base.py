@@ -86,6 +86,11 @@ class Monitor:
             return None
         return sum(values[:self.baseline_steps]) / self.baseline_steps
 
+    def relative_to_start(self, history: list[dict], key: str) -> Optional[float]:
+        """``key`` at the last step over its :meth:`baseline` (None without either, or a baseline <= 0)."""
+        base, now = self.baseline(history, key), history[-1].get(key)
+        return None if base is None or now is None or base <= 0 else now / base
+
 
 class MonitorSet:
     """The monitors of one run, fed one step summary at a time (see the module docstring)."""

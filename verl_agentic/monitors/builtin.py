@@ -116,8 +116,7 @@ class LengthExploitation(Monitor):
     what = "generated tokens per assistant turn / its first steps' mean"
 
     def statistic(self, history: list[dict]) -> Optional[float]:
-        base, now = self.baseline(history, "batch/gen_tokens_per_turn"), _at(history, "batch/gen_tokens_per_turn")
-        return None if base is None or now is None or base <= 0 else now / base
+        return self.relative_to_start(history, "batch/gen_tokens_per_turn")
 
     def message(self, value: float, summary: dict) -> str:
         return (f"assistant turns are {value:.2f}x as long as in the first {self.baseline_steps} steps "
@@ -135,8 +134,7 @@ class EntropyCollapse(Monitor):
     what = "token entropy / its first steps' mean"
 
     def statistic(self, history: list[dict]) -> Optional[float]:
-        base, now = self.baseline(history, "batch/entropy"), _at(history, "batch/entropy")
-        return None if base is None or now is None or base <= 0 else now / base
+        return self.relative_to_start(history, "batch/entropy")
 
     def message(self, value: float, summary: dict) -> str:
         return (f"token entropy {summary.get('batch/entropy', 0):.3f} is {value:.2f}x its first "
