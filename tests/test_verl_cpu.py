@@ -316,6 +316,12 @@ def test_verl_trains_on_cpu_steps_validation_and_checkpoints(verl_run):
         assert m[step]["val-aux/openai/gsm8k/final_correct/mean@1"] >= m[step]["val-aux/openai/gsm8k/first_correct/mean@1"] - \
             m[step]["val-aux/openai/gsm8k/flips_right_to_wrong/mean@1"] - 1e-9
     assert (verl_run.out / "checkpoints" / "global_step_2").is_dir() and verl_run.latest[0] == "2"
+    # the monitors inside verl's trainer (verl_plugin/monitors.py): each step's batch summary, read from the
+    # episodes verl stored, and the monitors' values, in verl's own log
+    for step in (1, 2):
+        assert m[step]["batch/episodes"] == 8 and m[step]["batch/prompts"] == 4  # 4 prompts x n=2
+        assert 0 < m[step]["monitor/answer_collapse"] <= 1 and m[step]["monitor/answer_collapse/firing"] in (0.0, 1.0)
+        assert 0 <= m[step]["batch/accuracy"] <= 1 and m[step]["batch/gen_tokens_per_turn"] > 0
 
 
 @pytest.mark.slow
