@@ -68,11 +68,11 @@ def _load_backend(key: str) -> Any:
         if key not in _LOADED:
             d = json.loads(key)
             if d["backend"] == "openai":
-                from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig
+                from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig  # on first use
 
                 settings = OpenAIConfig.from_dict(d["openai"])
                 _LOADED[key] = OpenAIBackend.from_config(settings, settings.tokenizer or resolve_model_path(d["model"]))
-            else:
+            else:  # on first use: it imports torch
                 from verl_agentic.backends.hf import HFBackend
 
                 _LOADED[key] = HFBackend.from_pretrained(str(resolve_model_path(d["model"])), dtype=d["dtype"],
@@ -119,7 +119,7 @@ class SimulatedUserInteraction(BaseInteraction):
                               f"temperature >= 0, got {self.max_rounds}, {self.max_new_tokens}, {self.temperature}")
         if self.scorer is not None:
             SCORERS.get(self.scorer)  # an unknown name lists the registered ones now
-        if self.backend_name == "openai":
+        if self.backend_name == "openai":  # only then: it imports aiohttp
             from verl_agentic.backends.openai_http import OpenAIConfig
 
             OpenAIConfig.from_dict(dict(c.get("openai") or {}))  # its keys, checked now
