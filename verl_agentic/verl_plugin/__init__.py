@@ -45,6 +45,6 @@ if os.environ.get("VERL_AGENTIC_WEIGHT_SYNC_GUARD", "1") != "0":
 if os.environ.get("VERL_AGENTIC_MONITORS", "1") != "0":
     from verl_agentic.verl_plugin import monitors as _monitors
 
-    _monitors.install()  # wraps verl's PPOTrainer._compute_metrics (upstream.VERL), acts on +agentic.monitors
+    _monitors.install_on_import()  # wraps verl's PPOTrainer._compute_metrics when the trainer imports it
 if _cpu.cpu_mode_requested():
     _cpu.activate()

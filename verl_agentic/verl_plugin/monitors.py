@@ -4,7 +4,8 @@ verl 0.9.1's v1 trainer computes a step's metrics in ``PPOTrainer._compute_metri
 timing_raw, global_steps, epoch)`` (``verl/trainer/ppo/v1/trainer_base.py:1868``), called once per
 step after the update and the step's validation (``:503``) and before ``self.logger.log`` (``:514``);
 it has no hook for callers. :func:`install` wraps that one method (a private name, listed in
-``upstream.VERL``): verl's own metrics first, then :func:`observe_step`:
+``upstream.VERL``) when verl's trainer module is imported (:func:`install_on_import`): verl's own
+metrics first, then :func:`observe_step`:
 
 - the step's episodes are the ``agentic`` records our ``task_agent`` loop put in each sample's
   ``extra_fields`` (with the reward loop's ``reward_extra_info``), read from TransferQueue the way
@@ -26,6 +27,7 @@ already saved one) and ends training after the step. Not seen here: the held-out
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import logging
 import sys
 from typing import Any, Callable, Optional
@@ -98,9 +100,13 @@ def observe_step(trainer: Any, batch: Any, metrics: dict, global_steps: int,
         trainer.total_training_steps = global_steps  # verl's loop ends after this step (trainer_base.py:467)
 
 
-def install() -> None:
+TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
+
+
+def install(trainer_base: Any = None) -> None:
     """Wrap verl's ``PPOTrainer._compute_metrics`` (once per process; see the module docstring)."""
-    from verl.trainer.ppo.v1 import trainer_base
+    if trainer_base is None:  # tests, and a process that imported the trainer before the plugin
+        from verl.trainer.ppo.v1 import trainer_base
 
     original = getattr(trainer_base.PPOTrainer, "_compute_metrics", None)
     if original is None:  # a verl that moved it: tests/test_verl_cpu.py's guard names it (upstream.VERL)
@@ -116,3 +122,40 @@ def install() -> None:
 
     _compute_metrics.__verl_agentic_monitors__ = True
     trainer_base.PPOTrainer._compute_metrics = _compute_metrics
+
+
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    """Runs :func:`install` right after verl's trainer module is first executed.
+
+    The plugin loads inside ``import verl`` in every verl process; importing the trainer module there
+    would load it in every Ray worker, and before the CPU platform is registered it fails (its
+    ``constants_ppo`` asks the platform for the device at import). So the plugin only watches for the
+    import, which happens in the process that trains (``verl/trainer/main_ppo.py``'s ``TaskRunnerV1``)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != TRAINER_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        execute = spec.loader.exec_module  # a loader made for this spec: wrapping it touches nothing else
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            install(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install_on_import() -> None:
+    """:func:`install` now if verl's trainer module is loaded, else as soon as it is."""
+    if TRAINER_MODULE in sys.modules:
+        install(sys.modules[TRAINER_MODULE])
+    elif not any(isinstance(f, _InstallOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnImport())
