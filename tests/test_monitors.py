@@ -153,6 +153,7 @@ def test_the_batch_summary_reads_answers_correctness_lengths_and_tools():
     turns = 1 + 2 + 2 + 1 + 1
     assert s["batch/gen_tokens_per_turn"] == pytest.approx((10 + 48 + 20 + 10 + 10) / turns)
     assert s["batch/clip_ratio"] == pytest.approx(2 / turns) and s["batch/tool_calls_per_turn"] == pytest.approx(3 / turns)
+    assert "batch/tool_calls_per_turn" not in batch_summary([e for e in eps if e["uid"] != "c"])  # no tools, no calls
     # rewards given explicitly (the trainer's: a masked score is None) win over the episodes' own
     assert batch_summary(eps, [None, 0.0, 0.0, 0.0, 1.0])["batch/reward_without_correct"] == 0.0
     # a batch of one repeated unreadable string is a collapse, varied unreadable answers are not

@@ -19,7 +19,7 @@ Keys (``batch/*``: the training batch; ``heldout/*``: the held-out validation, a
   ``batch/first_answer_top_share`` / ``batch/first_answer_top``: the same of the first answers;
 - ``batch/gen_tokens_per_turn``: generated tokens per assistant turn; ``batch/clip_ratio``: the
   share of assistant turns cut at ``max_new_tokens``;
-- ``batch/tool_calls_per_turn``: tool calls per assistant turn;
+- ``batch/tool_calls_per_turn``: tool calls per assistant turn (absent when no episode had tools);
 - ``batch/entropy`` (the policy's token entropy), ``batch/kl_ref`` (KL to the reference model);
 - ``heldout/episodes``, ``heldout/accuracy``, ``heldout/answer_top_share``,
   ``heldout/first_answer_top_share`` (and their answers).
@@ -123,7 +123,8 @@ def batch_summary(episodes: Sequence[dict], rewards: Optional[Sequence[Optional[
         out[f"{prefix}gen_tokens_per_turn"] = sum(int(t["end"]) - int(t["start"]) for t in turns) / len(turns)
         out[f"{prefix}clip_ratio"] = sum(t.get("finish_reason") == "length" for t in turns) / len(turns)
         calls = sum(len((t.get("info") or {}).get("tool_calls") or ()) for t in turns)
-        out[f"{prefix}tool_calls_per_turn"] = calls / len(turns)
+        if calls or any(ep.get("tools") for ep in episodes):  # episodes offered no tools: no statistic
+            out[f"{prefix}tool_calls_per_turn"] = calls / len(turns)
     return out
 
 
