@@ -768,7 +768,7 @@ class PPOTrainer:
                    dynamic_ncols=True)
         try:
             if self.step == 0 and self.val_rows and t.val_before_train:
-                m = self.validate()  # the base model: a step-0 row with val/* only
+                m = self.validate()  # the base model: a step-0 row with val/* (and heldout/*) only
                 self._observe(m, self._heldout)
                 self._write(m, [])
             while self.step < last:
