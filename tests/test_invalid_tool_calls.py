@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -23,11 +24,7 @@ from verl_agentic.tools.runner import ToolRunner, invalid_call_limit
 
 CALL = '<tool_call>{{"name": "{name}", "arguments": {{"expression": "1+1"}}}}</tool_call>'
 BROKEN = "<tool_call>{not json</tool_call>"
-QUESTIONS = [
-    {"question": "Write a Python program that prints the sum of 2 and 3. Put the program in a ```python code block.",
-     "answer": "#### 5"},
-    {"question": "Use Python to compute 7 times 6. Write the code in a ```python block.", "answer": "#### 42"},
-]
+EXAMPLE = REPO / "examples" / "invalid_tool_calls"
 SMOL_TOOL_ARGS = ["task_type=tool_agent", "rollout.max_turns=4", "rollout.max_new_tokens=96", "rollout.temperature=0",
                   "task.tool_agent.tools=[calculator]", "task.tool_agent.parser=python_code"]
 
@@ -84,23 +81,21 @@ def test_the_limit_is_the_tasks_key_else_the_rollouts_default():
 
 
 @pytest.fixture(scope="module")
-def questions(tmp_path_factory):
-    path = tmp_path_factory.mktemp("invalid") / "questions.jsonl"
-    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return path
+def questions():
+    return EXAMPLE / "questions.jsonl"
 
 
 def _rollout(out, questions, *extra) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", f"data.path={questions}", *SMOL_TOOL_ARGS,
-                        "reward.manager=none", f"output.dir={out}", "output.quiet=true", *extra],
-                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    """examples/invalid_tool_calls/run.sh (its command: the rollout default of 2), with ``extra``."""
+    r = subprocess.run(["bash", str(EXAMPLE / "run.sh"), f"output.dir={out}", "output.quiet=true", *extra],
+                       capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()], json.loads(
         (out / "summary.json").read_text())
 
 
 def test_main_rollout_ends_episodes_of_real_invalid_calls_with_their_own_finish_reason(questions, tmp_path, smol_dir):
-    trajs, summary = _rollout(tmp_path / "limited", questions, "rollout.max_consecutive_invalid_tool_calls=2")
+    trajs, summary = _rollout(tmp_path / "limited", questions)
     for t in trajs:
         assert t["finish_reason"] == FINISH_INVALID_TOOL_CALLS and t["error"]["type"] == "invalid_tool_calls"
         assert t["num_turns"] == 2 and t["metrics"]["invalid_tool_calls"] == 2
@@ -112,8 +107,7 @@ def test_main_rollout_ends_episodes_of_real_invalid_calls_with_their_own_finish_
     assert task["finish_reasons"] == {"invalid_tool_calls": 2} and task["errors"] == {"invalid_tool_calls": 2}
     assert summary["drift"]["episodes_ok"] == 2  # token exactness holds on the cut episodes
     # the task's key wins over the rollout's default: 0 = no limit, the episodes run to max_turns
-    trajs, _ = _rollout(tmp_path / "unlimited", questions, "rollout.max_consecutive_invalid_tool_calls=2",
-                        "task.tool_agent.max_consecutive_invalid_tool_calls=0")
+    trajs, _ = _rollout(tmp_path / "unlimited", questions, "task.tool_agent.max_consecutive_invalid_tool_calls=0")
     assert [t["finish_reason"] for t in trajs] == ["max_turns", "max_turns"]
     assert all(t["metrics"]["invalid_tool_calls"] == 4 for t in trajs)
 

@@ -419,17 +419,14 @@ def test_smollm2_multiturn_feedback_through_verl(smol_dir, gsm8k_parquet):
 def test_invalid_tool_call_policy_through_verl(smol_dir, tmp_path):
     """``+agentic.max_consecutive_invalid_tool_calls`` (the rollout's default; tests/test_invalid_tool_calls.py
     has main_rollout and main_ppo): SmolLM2, asked for Python code with only the calculator tool and the
-    python_code parser, calls the unknown tool ``python`` twice; the episode ends with its own finish reason
-    and error type, is kept for training (not raised), and the reward carries the count per sample."""
-    import json
-
+    python_code parser, calls the unknown tool ``python`` twice (examples/invalid_tool_calls); the episode
+    ends with its own finish reason and error type, is kept for training (not raised), and the reward
+    carries the count per sample."""
     import verl_agentic.tasks  # noqa: F401  (registers the preprocessors)
     from verl_agentic.agentic_utils import preprocess
 
-    from test_invalid_tool_calls import QUESTIONS
-
-    (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    assert preprocess("tool_agent", tmp_path / "q.jsonl", tmp_path / "q.parquet") == 2
+    assert preprocess("tool_agent", REPO / "examples" / "invalid_tool_calls" / "questions.jsonl",
+                      tmp_path / "q.parquet") == 2
     cfg = agent_config(smol_dir, "+agentic.task_type=tool_agent", "+agentic.task.tool_agent.tools=[calculator]",
                        "+agentic.task.tool_agent.parser=python_code", "+agentic.max_turns=4",
                        "+agentic.max_new_tokens=96", "+agentic.max_consecutive_invalid_tool_calls=2",
