@@ -309,7 +309,7 @@ def test_monitors_inside_verls_trainer_read_the_steps_episodes(tiny_qwen_dir, gs
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     from verl_agentic.monitors import batch_summary
-    from verl_agentic.verl_plugin.monitors import observe_step
+    from verl_agentic.verl_plugin.monitors import fields_from_tensordict, observe_safely, observe_step
 
     hook = PPOTrainer._compute_metrics
     assert getattr(hook, "__verl_agentic_monitors__", False)
@@ -340,6 +340,26 @@ def test_monitors_inside_verls_trainer_read_the_steps_episodes(tiny_qwen_dir, gs
     alone = {}
     observe_step(types.SimpleNamespace(config=verl_config()), object(), alone, 1, fetch=lambda _b: (fields, scores))
     assert alone == {}
+    # what TransferQueue returns for the step (the stored fields; rm_scores jagged, one row per sample)
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    width = out.batch["prompts"].shape[1]
+    lengths = out.batch["attention_mask"][:, width:].sum(dim=1).tolist()
+    td = list_of_dict_to_tensordict([{"extra_fields": f, "rm_scores": out.batch["rm_scores"][i, :lengths[i]]}
+                                     for i, f in enumerate(fields)])
+    got_fields, got_scores = fields_from_tensordict(td, [{"is_padding": i == 7} for i in range(8)])
+    assert got_scores == pytest.approx(scores[:7]) and [f[AGENTIC_FIELD]["uid"] for f in got_fields] == [
+        f[AGENTIC_FIELD]["uid"] for f in fields[:7]]
+    # a failure of the monitors is reported once and turns them off; the step's metrics are verl's alone
+    def broken_fetch(_batch):  # a fault of our own code, which no real input causes
+        raise RuntimeError("broken on purpose")
+
+    trainer = types.SimpleNamespace(config=cfg, total_training_steps=5, _save_checkpoint=lambda: saved.append(1))
+    for step in (1, 2):
+        step_metrics = {"actor/entropy": 0.5}
+        observe_safely(trainer, object(), step_metrics, step, fetch=broken_fetch)
+        assert step_metrics == {"actor/entropy": 0.5}
+    assert trainer.total_training_steps == 5 and saved == [1]
 
 
 def test_v1_trainer_storage_format(tiny_qwen_dir, gsm8k_parquet):

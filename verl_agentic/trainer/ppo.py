@@ -302,7 +302,7 @@ class PPOTrainer:
             resolve_tasks(self.val_rows, c.task_type, self.task_configs)
         self.val_rollout_cfg = replace(self.rollout_cfg, n=1, temperature=0.0)  # greedy, one episode a row
         self.monitors = make_monitors(t.monitors) if t.monitors.enabled else None
-        self._heldout: dict = {}  # the last validation's heldout/* summary (its answers too), for the monitors
+        self._heldout_trajs: list[dict] = []  # the episodes of a validation at this step, for the monitors
         self.test_freq = t.test_freq
         self.use_ray = t.use_ray
         self.scorer_config = reward_settings(c, progress=False)  # checked now, not in the Ray actor
@@ -477,8 +477,7 @@ class PPOTrainer:
         (self.out_dir / "validation").mkdir(exist_ok=True)
         write_jsonl(self.out_dir / "validation" / f"step_{self.step:06d}.jsonl", trajs)
         m = {"val/" + k: v for k, v in validation_metrics(trajs, rewards).items()}
-        self._heldout = heldout_summary(trajs)
-        m.update(numeric(self._heldout))
+        self._heldout_trajs = trajs  # for the monitors (_observe)
         m["timing/val_s"] = time.perf_counter() - t0
         self._log(f"validation at step {self.step}: " + ", ".join(
             f"{k[4:]} {v:.3f}" for k, v in m.items() if k.startswith("val/accuracy/") or k == "val/reward/mean"))
@@ -526,8 +525,6 @@ class PPOTrainer:
         rewards = self._rewards(trajs)
         timing["timing/reward_s"] = time.perf_counter() - t0
         metrics = rollout_metrics(trajs, rewards)
-        summary = batch_summary(trajs, rewards)
-        metrics.update(numeric(summary))
 
         train = [(t, r) for t, r in zip(trajs, rewards) if r is not None and sum(t["response_mask"]) > 0]
         if not train:
@@ -591,23 +588,32 @@ class PPOTrainer:
         metrics["perf/update_tokens_per_s"] = tokens * self.conf.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
-        self._heldout = {}
+        self._heldout_trajs = []
         if self._validate_after_step():
             metrics.update(self.validate())
-        self._observe(metrics, merge(summary, self._heldout))
+        self._observe(metrics, trajs, rewards)
         self._write(metrics, trajs)
         del batch, data, trajs
         _release_memory()
         return metrics
 
-    def _observe(self, metrics: dict[str, float], summary: dict) -> None:
-        """Feed this step's summary (plus what the metrics add: entropy, KL, held-out accuracy) to the
-        monitors; their values go into ``metrics``, a monitor that starts firing prints one line."""
+    def _observe(self, metrics: dict[str, float], trajs: list[dict], rewards: Optional[list] = None) -> None:
+        """Feed this step's batch summary (its episodes, the validation's if it ran, and what the metrics
+        add: entropy, KL, held-out accuracy) to the monitors; the summary and their values go into
+        ``metrics``, a monitor that starts firing prints one line. A failure of the monitors is reported
+        once and turns them off: they never stop training."""
         if self.monitors is None:
             return
-        for f in self.monitors.observe(self.step, merge(summary, from_metrics(metrics))):
-            print(f"[verl-agentic] WARNING {f.line()}", file=sys.stderr)
-        metrics.update(self.monitors.metrics())
+        try:
+            summary = merge(batch_summary(trajs, rewards) if trajs else {}, heldout_summary(self._heldout_trajs))
+            metrics.update(numeric(summary))
+            for f in self.monitors.observe(self.step, merge(summary, from_metrics(metrics))):
+                print(f"[verl-agentic] WARNING {f.line()}", file=sys.stderr)
+            metrics.update(self.monitors.metrics())
+        except Exception as e:  # noqa: BLE001 - monitors only read; training goes on without them
+            print(f"[verl-agentic] WARNING the monitors failed at step {self.step} and are off for this run: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            self.monitors = None
 
     def _record_gap(self, metrics: dict, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
         diff = (trainer_lp - rollout_lp).abs() * mask
@@ -769,7 +775,7 @@ class PPOTrainer:
         try:
             if self.step == 0 and self.val_rows and t.val_before_train:
                 m = self.validate()  # the base model: a step-0 row with val/* (and heldout/*) only
-                self._observe(m, self._heldout)
+                self._observe(m, [])
                 self._write(m, [])
             while self.step < last:
                 m = self.train_step()

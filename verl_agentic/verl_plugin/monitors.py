@@ -63,15 +63,23 @@ def episodes_from_fields(extra_fields: list, scores: list) -> tuple[list[dict], 
     return episodes, rewards
 
 
-def fetch_from_transfer_queue(batch: Any) -> tuple[list, list]:
-    """(extra_fields, reward per sample) of the step's samples, padding left out (verl's v1 batch)."""
-    import transfer_queue as tq
-
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"])
-    keep = [not tag.get("is_padding", False) for tag in batch.tags]
-    extra = [f for f, k in zip(data["extra_fields"].tolist(), keep) if k]
+def fields_from_tensordict(data: Any, tags: list) -> tuple[list, list]:
+    """(extra_fields, reward per sample) from what TransferQueue returns for a step (a TensorDict with
+    ``extra_fields`` and the jagged ``rm_scores``), padding samples (``tags``) left out. ``pop`` as verl
+    does (``trainer_base.py:1909``): indexing a non-tensor column gives a ``LinkedList`` without
+    ``tolist`` (a real run failed on it)."""
+    keep = [not tag.get("is_padding", False) for tag in tags]
+    extra = [f for f, k in zip(data.pop("extra_fields").tolist(), keep) if k]
     scores = [s for s, k in zip(data["rm_scores"].sum(dim=1).tolist(), keep) if k]
     return extra, scores
+
+
+def fetch_from_transfer_queue(batch: Any) -> tuple[list, list]:
+    """(extra_fields, reward per sample) of the step's samples (verl's v1 batch: a ``KVBatchMeta``)."""
+    import transfer_queue as tq  # verl's trainer has it loaded; the plugin imports it only when the trainer runs
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"])
+    return fields_from_tensordict(data, batch.tags)
 
 
 def observe_step(trainer: Any, batch: Any, metrics: dict, global_steps: int,
@@ -100,6 +108,22 @@ def observe_step(trainer: Any, batch: Any, metrics: dict, global_steps: int,
         trainer.total_training_steps = global_steps  # verl's loop ends after this step (trainer_base.py:467)
 
 
+def observe_safely(trainer: Any, batch: Any, metrics: dict, global_steps: int,
+                   fetch: Callable[[Any], tuple[list, list]] = fetch_from_transfer_queue) -> None:
+    """:func:`observe_step`, but a failure of the monitors never stops training: it is reported once
+    and the monitors are off for the rest of the run."""
+    if getattr(trainer, STATE_ATTR, None) is False:
+        return
+    try:
+        observe_step(trainer, batch, metrics, global_steps, fetch)
+    except Exception as e:  # noqa: BLE001 - monitors only read; training goes on without them
+        setattr(trainer, STATE_ATTR, False)
+        line = f"[verl-agentic] WARNING the monitors failed at step {global_steps} and are off for this run: " \
+               f"{type(e).__name__}: {e}"
+        print(line, file=sys.stderr, flush=True)
+        logger.warning(line)
+
+
 TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
 
 
@@ -118,7 +142,7 @@ def install(trainer_base: Any = None) -> None:
     @functools.wraps(original)
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         original(self, batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        observe_step(self, batch, metrics, global_steps)
+        observe_safely(self, batch, metrics, global_steps)
 
     _compute_metrics.__verl_agentic_monitors__ = True
     trainer_base.PPOTrainer._compute_metrics = _compute_metrics
