@@ -36,13 +36,12 @@ Config (``class_name: verl_agentic.interactions.simulated_user.SimulatedUserInte
     temperature: 0.7         # 0: greedy. Sampling is seeded by the conversation: the same
     seed: 0                  # conversation gets the same reply, however episodes are batched
 
-The model is loaded once per process (in a thread, off the event loop) and shared by every
-episode; with ``backend: openai`` the server does the work.
+The model is loaded once per process, on first use, and shared by every episode; with
+``backend: openai`` the server does the work.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import zlib
@@ -145,7 +144,10 @@ class SimulatedUserInteraction(BaseInteraction):
 
     async def reply(self, system: str, messages: list[dict]) -> str:
         """The user model's next message for this conversation."""
-        backend = await asyncio.to_thread(_load_backend, self._key)  # the first call loads the model
+        # The first call loads the model, on this thread, blocking the event loop once per process (a few
+        # seconds): an HFBackend built in a worker thread (asyncio.to_thread) decoded 10-40x slower on this
+        # machine (24 tokens in 12-47 s against 1.1 s; the cause, in the backend's threading, is not found).
+        backend = _load_backend(self._key)
         chat = backend if has_native_chat(backend) else ChatAdapter(backend, parser="hermes")
         conversation = [{"role": "system", "content": system}, *swap_roles(messages)]
         seed = None
