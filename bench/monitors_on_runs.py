@@ -80,7 +80,8 @@ def runs() -> list[tuple[str, Path, str, tuple]]:
     wp = ROOT / "examples" / "word_problems"
     for kind in ("runs", "monitored"):
         for folder in sorted(p for p in (wp / kind).glob("*/seed*") if (p / "metrics.jsonl").exists()):
-            label = f"{folder.parent.name} s{folder.name.removeprefix('seed')}" + (" (online)" if kind == "monitored" else "")
+            online = " (online)" if kind == "monitored" else ""
+            label = f"{folder.parent.name} s{folder.name.removeprefix('seed')}{online}"
             out.append((label, folder / "metrics.jsonl", "ours", _validation_episodes(folder)))
     for path in sorted((ROOT / "examples" / "learning_run" / "metrics").glob("seed*.jsonl")):
         out.append((f"learning_run s{path.stem.removeprefix('seed')}", path, "ours", (None, [])))

@@ -88,7 +88,8 @@ def questions():
 def _rollout(out, questions, *extra) -> list[dict]:
     """examples/invalid_tool_calls/run.sh (its command: the rollout default of 2), with ``extra``."""
     r = subprocess.run(["bash", str(EXAMPLE / "run.sh"), f"output.dir={out}", "output.quiet=true", *extra],
-                       capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "PYTHON": sys.executable})
+                       capture_output=True, text=True, timeout=600, cwd=REPO,
+                       env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()], json.loads(
         (out / "summary.json").read_text())
