@@ -223,7 +223,8 @@ const rows = created.filter(n => n.tagName === "tr" && n.className === "ep").len
 const toks = created.filter(n => n.tagName === "span" && /^tok /.test(n.className || "") && n.attrs.title).length;
 const text = created.filter(n => n.tagName === "pre").map(n => n.textContent);
 const nscripts = Object.keys(scripts).length;
-console.log(JSON.stringify({ tags, rows, toks, text, nscripts, all: app.textContent }));
+const markers = created.filter(n => n.tagName === "line" && n.attrs.class === "marker").map(n => Number(n.attrs["data-step"]));
+console.log(JSON.stringify({ tags, rows, toks, text, nscripts, markers, all: app.textContent }));
 """
 
 

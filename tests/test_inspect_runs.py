@@ -166,7 +166,8 @@ def test_rollout_dir_plots_say_why_they_are_missing(two_runs, tmp_path):
     data = blob(write_report(a, tmp_path / "rep", drift=False).read_text(encoding="utf-8"))
     trajs = read_jsonl(a / "trajectories.jsonl")
     steps = [p for p in data["plots"] if p["group"] == "steps"]
-    assert len(steps) == 7 and all("no training steps" in p["missing"] for p in steps)
+    # the 7 step curves and the monitors'
+    assert len(steps) == 8 and all("no training steps" in p["missing"] for p in steps)
     assert "no tool calls" in plot(data, "tool_outcomes")["missing"]
     assert "trainer_logprobs" in plot(data, "logprob_gap")["missing"]
     flips = plot(data, "flips")

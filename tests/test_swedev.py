@@ -207,7 +207,8 @@ async def test_tools_run_in_order_and_model_errors_are_tool_messages(tokenizer_n
     assert [x.get("info") for x in traj["turns"] if x["role"] == "assistant"] == [
         {"tool_calls": [{"name": n, "status": s} for n, s in
                         [("view_file", ok), ("view_file", err), ("edit_file", ok), ("run_tests", ok), ("view_file", ok)]]},
-        {"tool_calls": [{"name": "nope", "status": err}, {"name": "write_file", "status": err}], "parse_errors": 1},
+        {"tool_calls": [{"name": "nope", "status": err}, {"name": "write_file", "status": err}], "parse_errors": 1,
+         "invalid_calls": 2},  # the unknown tool and the unparseable call
         {"tool_calls": [{"name": "run_command", "status": ok}]},
         None]
     assert (m["test_runs"], m["commands"], m["files_written"], m["hidden_tests_passed"]) == (1, 1, 1, 1)

@@ -73,12 +73,13 @@ async def test_runner_runs_calls_concurrently_and_reports_every_failure_kind():
     assert "could not be parsed" in contents[6]
     assert turn.info() == {"tool_calls": [{"name": "sleepy", "status": "ok"}] * 2 + [
         {"name": "broken", "status": "error"}, {"name": "nope", "status": "error"},
-        {"name": "sleepy", "status": "timeout"}, {"name": "sleepy", "status": "error"}], "parse_errors": 1}
+        {"name": "sleepy", "status": "timeout"}, {"name": "sleepy", "status": "error"}], "parse_errors": 1,
+        "invalid_calls": 2}  # 'nope' and the unparseable call
     await runner.close()
     assert EVENTS[-1][0] == "release"
     m = runner.metrics()
     assert m == {"tool_calls": 6.0, "tool_ok": 2.0, "tool_error": 3.0, "tool_timeout": 1.0, "parse_errors": 1.0,
-                 "tool_turns": 1.0, "tool_reward": 0.5}
+                 "invalid_tool_calls": 2.0, "tool_turns": 1.0, "tool_reward": 0.5}
     # a turn without calls: nothing to append
     no_calls = await runner.run_turn("The answer is 4.")
     assert no_calls.messages == [] and no_calls.info() == {}

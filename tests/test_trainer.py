@@ -385,7 +385,8 @@ def test_validation_before_training_and_every_k_steps(tiny_smol_dir, tmp_path):
     rows = {r["step"]: r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
     assert sorted(rows) == [0, 1, 2, 3]
     assert [s for s in rows if "val/accuracy/final" in rows[s]] == [0, 2, 3]
-    assert set(rows[0]) == {"step", *(k for k in rows[2] if k.startswith("val/")), "timing/val_s"}
+    assert set(rows[0]) == {"step", *(k for k in rows[2] if k.startswith(("val/", "heldout/", "monitor/heldout_"))),
+                            "timing/val_s"}  # the held-out figures and the monitor that reads them
     assert {k: v for k, v in rows[0].items() if k.startswith("val/")} == {
         k: v for k, v in again.items() if k.startswith("val/")}
     for step in (0, 2, 3):

@@ -296,6 +296,72 @@ def test_streaming_reward_path(tiny_qwen_dir, gsm8k_parquet):
     out.to_tensordict()  # the batch is usable by the trainer on this path too
 
 
+def test_monitors_inside_verls_trainer_read_the_steps_episodes(tiny_qwen_dir, gsm8k_parquet):
+    """verl_plugin/monitors.py wraps verl's ``PPOTrainer._compute_metrics`` (the signature it calls
+    stays verl's) and feeds each step to the monitors: here the episodes our loop and our reward
+    manager really produced (verl's streaming reward path), as the v1 trainer stores them per sample
+    (``extra_fields``: our ``agentic`` record and ``reward_extra_info``; the reward: ``rm_scores``).
+    ``batch/*`` and ``monitor/*`` join verl's metrics; the stop rule saves and ends training; a trainer
+    config without an ``agentic`` section is left alone."""
+    import inspect
+
+    from verl.experimental.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from verl_agentic.monitors import batch_summary
+    from verl_agentic.verl_plugin.monitors import fields_from_tensordict, observe_safely, observe_step
+
+    hook = PPOTrainer._compute_metrics
+    assert getattr(hook, "__verl_agentic_monitors__", False)
+    assert list(inspect.signature(hook.__wrapped__).parameters) == ["self", "batch", "metrics", "timing_raw",
+                                                                    "global_steps", "epoch"]
+    cfg = agent_config(tiny_qwen_dir, "+agentic.task.gsm8k.feedback=retry", "+agentic.max_turns=2",
+                       "+agentic.max_new_tokens=8", "+agentic.monitors.thresholds.answer_collapse=0.0",
+                       "+agentic.monitors.stop_on=[answer_collapse]")
+    worker = make_worker(cfg, tiny_qwen_dir, reward_loop_worker_handles=[InProcessActor(RewardLoopWorker(cfg))])
+    out = generate(worker, dataset_batch(worker, cfg, gsm8k_parquet, rows=4, n=2))
+    keys = out.meta_info["reward_extra_keys"]
+    fields = [{AGENTIC_FIELD: out.non_tensor_batch[AGENTIC_FIELD][i],
+               "reward_extra_info": {k: out.non_tensor_batch[k][i] for k in keys}} for i in range(len(out))]
+    scores = out.batch["rm_scores"].sum(dim=1).tolist()
+    saved = []
+    trainer = types.SimpleNamespace(config=cfg, total_training_steps=5, _save_checkpoint=lambda: saved.append(1))
+    metrics = {"actor/entropy": 0.5}
+    observe_step(trainer, object(), metrics, 3, fetch=lambda _batch: (fields, scores))
+    assert metrics["batch/episodes"] == 8 and metrics["batch/prompts"] == 4
+    episodes = [dict(f[AGENTIC_FIELD], reward_extra_info=f["reward_extra_info"]) for f in fields]
+    expect = batch_summary(episodes, scores)
+    assert metrics["batch/answer_top_share"] == expect["batch/answer_top_share"]
+    assert metrics["monitor/answer_collapse"] == max(expect["batch/answer_top_share"],
+                                                     expect["batch/first_answer_top_share"])
+    assert metrics["batch/accuracy"] == pytest.approx(np.mean([f["reward_extra_info"]["acc"] for f in fields]))
+    assert "monitor/entropy_collapse" not in metrics  # no baseline yet after one step
+    assert saved == [1] and trainer.total_training_steps == 3  # the stop rule: a checkpoint, and the last step
+    alone = {}
+    observe_step(types.SimpleNamespace(config=verl_config()), object(), alone, 1, fetch=lambda _b: (fields, scores))
+    assert alone == {}
+    # what TransferQueue returns for the step (the stored fields; rm_scores jagged, one row per sample)
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    width = out.batch["prompts"].shape[1]
+    lengths = out.batch["attention_mask"][:, width:].sum(dim=1).tolist()
+    td = list_of_dict_to_tensordict([{"extra_fields": f, "rm_scores": out.batch["rm_scores"][i, :lengths[i]]}
+                                     for i, f in enumerate(fields)])
+    got_fields, got_scores = fields_from_tensordict(td, [{"is_padding": i == 7} for i in range(8)])
+    assert got_scores == pytest.approx(scores[:7]) and [f[AGENTIC_FIELD]["uid"] for f in got_fields] == [
+        f[AGENTIC_FIELD]["uid"] for f in fields[:7]]
+    # a failure of the monitors is reported once and turns them off; the step's metrics are verl's alone
+    def broken_fetch(_batch):  # a fault of our own code, which no real input causes
+        raise RuntimeError("broken on purpose")
+
+    trainer = types.SimpleNamespace(config=cfg, total_training_steps=5, _save_checkpoint=lambda: saved.append(1))
+    for step in (1, 2):
+        step_metrics = {"actor/entropy": 0.5}
+        observe_safely(trainer, object(), step_metrics, step, fetch=broken_fetch)
+        assert step_metrics == {"actor/entropy": 0.5}
+    assert trainer.total_training_steps == 5 and saved == [1]
+
+
 def test_v1_trainer_storage_format(tiny_qwen_dir, gsm8k_parquet):
     """verl's default (v1) trainer stores each AgentLoopOutput's ``as_dict()`` plus the sample's
     columns in TransferQueue (AgentLoopWorkerTQ); run the loop as its worker does (one instance
@@ -368,6 +434,38 @@ def test_smollm2_multiturn_feedback_through_verl(smol_dir, gsm8k_parquet):
     assert feedback_episodes >= 2  # a 135M model gets most GSM8K problems wrong
     results = reward_scores(cfg, worker.tokenizer, out)
     assert [r["reward_score"] for r in results] == [t["reward"] for t in trajs]
+
+
+def test_invalid_tool_call_policy_through_verl(smol_dir, tmp_path):
+    """``+agentic.max_consecutive_invalid_tool_calls`` (the rollout's default; tests/test_invalid_tool_calls.py
+    has main_rollout and main_ppo): SmolLM2, asked for Python code with only the calculator tool and the
+    python_code parser, calls the unknown tool ``python`` twice (examples/invalid_tool_calls); the episode
+    ends with its own finish reason and error type, is kept for training (not raised), and the reward
+    carries the count per sample."""
+    import verl_agentic.tasks  # noqa: F401  (registers the preprocessors)
+    from verl_agentic.agentic_utils import preprocess
+
+    assert preprocess("tool_agent", REPO / "examples" / "invalid_tool_calls" / "questions.jsonl",
+                      tmp_path / "q.parquet") == 2
+    cfg = agent_config(smol_dir, "+agentic.task_type=tool_agent", "+agentic.task.tool_agent.tools=[calculator]",
+                       "+agentic.task.tool_agent.parser=python_code", "+agentic.max_turns=4",
+                       "+agentic.max_new_tokens=96", "+agentic.max_consecutive_invalid_tool_calls=2",
+                       prompt_length=512, response_length=512)
+    worker = make_worker(cfg, smol_dir)
+    batch = dataset_batch(worker, cfg, tmp_path / "q.parquet", rows=2, n=1)
+    batch.meta_info["validate"] = True  # greedy (val_kwargs)
+    out = generate(worker, batch)
+    stops = model_stop_token_ids(cfg.actor_rollout_ref.model, worker.tokenizer)
+    for i, traj in enumerate(trajectories_from_batch(out)):
+        assert out.non_tensor_batch[AGENTIC_FIELD][i]["turns"], out.non_tensor_batch[AGENTIC_FIELD][i]["error"]
+        agentic = check_masks_against_turns(out, i)
+        assert agentic["finish_reason"] == "invalid_tool_calls" and agentic["error"]["type"] == "invalid_tool_calls"
+        assert agentic["num_assistant_turns"] == 2 and agentic["metrics"]["invalid_tool_calls"] == 2
+        assert agentic["turns"][-1]["info"]["tool_calls"] == [{"name": "python", "status": "error"}]
+        assert check_drift(traj, worker.tokenizer, stop_token_ids=stops).ok
+    for result in reward_scores(cfg, worker.tokenizer, out):
+        info = result["reward_extra_info"]
+        assert info["invalid_tool_call_stop"] == 1.0 and info["invalid_tool_calls"] == 2.0 and info["episode_error"] == 1.0
 
 
 # --------------------------------------------------------------------------------------------

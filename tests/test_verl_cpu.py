@@ -99,6 +99,21 @@ def test_cpu_mode_is_opt_in():
     assert lines[-1] == "cpu FSDPEngineWithLMHead"
 
 
+def test_the_monitor_hook_waits_for_verls_trainer_module():
+    """verl_plugin/monitors.py wraps PPOTrainer._compute_metrics when verl's trainer imports its module,
+    not at plugin load (every verl process loads the plugin; in CPU mode the module fails to import
+    before the CPU platform exists: a real run failed so); VERL_AGENTIC_MONITORS=0 leaves it alone."""
+    probe = ("import sys, verl; loaded = 'verl.trainer.ppo.v1.trainer_base' in sys.modules; "
+             "import verl.trainer.main_ppo; from verl.trainer.ppo.v1.trainer_base import PPOTrainer; "
+             "from verl.utils.device import get_device_name; "
+             "print(loaded, get_device_name(), getattr(PPOTrainer._compute_metrics, '__verl_agentic_monitors__', False))")
+    on = run_python(probe, VERL_PLATFORM="cpu")
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert on.stdout.split()[-3:] == ["False", "cpu", "True"]
+    off = run_python(probe, VERL_PLATFORM="cpu", VERL_AGENTIC_MONITORS="0")
+    assert off.returncode == 0 and off.stdout.split()[-3:] == ["False", "cpu", "False"], off.stderr[-2000:]
+
+
 def test_process_group_patch_is_needed_and_works(unused_tcp_port):
     """verl's own backend string fails on device "cpu" (the reason for the patch); the patched
     function brings up a gloo process group."""
@@ -316,6 +331,12 @@ def test_verl_trains_on_cpu_steps_validation_and_checkpoints(verl_run):
         assert m[step]["val-aux/openai/gsm8k/final_correct/mean@1"] >= m[step]["val-aux/openai/gsm8k/first_correct/mean@1"] - \
             m[step]["val-aux/openai/gsm8k/flips_right_to_wrong/mean@1"] - 1e-9
     assert (verl_run.out / "checkpoints" / "global_step_2").is_dir() and verl_run.latest[0] == "2"
+    # the monitors inside verl's trainer (verl_plugin/monitors.py): each step's batch summary, read from the
+    # episodes verl stored, and the monitors' values, in verl's own log
+    for step in (1, 2):
+        assert m[step]["batch/episodes"] == 8 and m[step]["batch/prompts"] == 4  # 4 prompts x n=2
+        assert 0 < m[step]["monitor/answer_collapse"] <= 1 and m[step]["monitor/answer_collapse/firing"] in (0.0, 1.0)
+        assert 0 <= m[step]["batch/accuracy"] <= 1 and m[step]["batch/gen_tokens_per_turn"] > 0
 
 
 @pytest.mark.slow

@@ -350,7 +350,8 @@ def test_the_episodes_own_extra_info_reaches_the_scorer_and_its_metrics_the_resu
     info = run_all(manager, data)[0]["reward_extra_info"]
     assert {k: info[k] for k in EPISODE_METRICS} == {
         "turns": 3.0, "task_reward": 1.0, "first_correct": 0.0, "final_correct": 1.0, "flips_wrong_to_right": 1.0,
-        "flips_right_to_wrong": 0.0, "answered": 0.0, "tool_calls": 2.0, "tool_ok": 1.0, "episode_error": 0.0}
+        "flips_right_to_wrong": 0.0, "answered": 0.0, "tool_calls": 2.0, "tool_ok": 1.0,
+        "invalid_tool_calls": 0.0, "invalid_tool_call_stop": 0.0, "episode_error": 0.0}
 
 
 def test_manager_is_shared_per_configuration(qwen25_tokenizer):

@@ -160,6 +160,32 @@ def test_chat_equals_completions_and_real_tool_calls_are_parsed(smol_backend):
     assert "<tool_call>" in tok.decode(call.token_ids) and len(call.logprobs) == len(call.token_ids)
 
 
+def test_simulated_user_through_vllm(smol_server, smol_backend):
+    """The simulated user (interactions/simulated_user.py) with ``backend: openai``: its reply is the
+    server's greedy continuation of the conversation seen from the user's side, exactly (asked here
+    through the completions endpoint with the chat template's token ids)."""
+    from verl_agentic.interactions.simulated_user import SimulatedUserInteraction, swap_roles
+
+    it = SimulatedUserInteraction({"backend": "openai", "openai": {"base_url": smol_server.url},
+                                   "persona": "You are a person who asked a math question.",
+                                   "instructions": "You know this: {hidden_fact} Tell it if asked.",
+                                   "max_new_tokens": 24, "temperature": 0.0})
+    asked = [{"role": "user", "content": "I bought some packs of pencils, 6 in each. How many pencils?"},
+             {"role": "assistant", "content": "How many packs did you buy?"}]
+
+    async def talk():
+        iid = await it.start_interaction(None, hidden_fact="I bought 4 packs.")
+        return await it.generate_response(iid, asked), it._instance_dict[iid]["system"]
+
+    (terminate, text, _, meta), system = asyncio.run(talk())
+    tok = smol_backend.tokenizer
+    ids = tok.apply_chat_template([{"role": "system", "content": system}, *swap_roles(asked)],
+                                  add_generation_prompt=True, tokenize=True)["input_ids"]
+    out = asyncio.run(smol_backend.generate(ids, SamplingParams(max_new_tokens=24, temperature=0)))
+    expected = tok.decode(out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids).strip()
+    assert (text if not terminate else meta.get("reply", "")) == expected and expected
+
+
 def test_cli_rollout_through_vllm(tiny_server, tiny_qwen_dir, tmp_path):
     """``python -m verl_agentic.main_rollout rollout.backend=openai``, sampled, n=2."""
     out = tmp_path / "run"

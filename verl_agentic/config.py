@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_agentic.interfaces import ConfigError, check_keys, parse_section
 from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.reward import REWARD_MANAGERS, RewardConfig, make_reward_manager
 from verl_agentic.reward.scorers import check_scorer_names
 from verl_agentic.rollout import RolloutConfig
@@ -151,6 +152,7 @@ class TrainerConfig:
     ray_init: dict = field(default_factory=lambda: {"num_cpus": None, "include_dashboard": False})
     stop_after_steps: Optional[int] = None
     warn_missing_reward_share: float = 0.1  # warn when more of a step's episodes than this have no reward
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
 
     def __post_init__(self) -> None:
         _at_least("trainer", self, ("total_steps", "batch_size", "max_checkpoints"), 1)

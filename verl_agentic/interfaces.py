@@ -24,6 +24,8 @@ FINISH_STOP = "stop"  # the task said the episode is done
 FINISH_LENGTH = "length"  # the token budget (rollout.max_total_tokens) ran out
 FINISH_MAX_TURNS = "max_turns"  # rollout.max_turns assistant turns were used
 FINISH_ERROR = "error"  # an exception ended the episode (see ``error``)
+# max_consecutive_invalid_tool_calls invalid tool calls in a row (unparseable markup or unknown tools) ended it
+FINISH_INVALID_TOOL_CALLS = "invalid_tool_calls"
 
 # Typed failure kinds (docs/rollouts.md, "Trajectories and token exactness"). ``EpisodeError.type`` takes one of these.
 ERROR_TYPES = (
@@ -39,7 +41,11 @@ ERROR_TYPES = (
     "parse_error",
     "truncated",
     "reward_error",
+    "invalid_tool_calls",  # the invalid-tool-call policy ended the episode (tools/runner.py; finish_reason "invalid_tool_calls")
 )
+
+# An episode that fails with one of these error types ends with this finish reason (any other: "error").
+FINISH_REASON_OF_ERROR = {"context_overflow": FINISH_LENGTH, "invalid_tool_calls": FINISH_INVALID_TOOL_CALLS}
 
 
 @dataclass
@@ -145,6 +151,7 @@ class RolloutContext:
     sample_index: int = 0  # which of the rollout.n samples of this prompt
     max_turns: int = 1
     seed: Optional[int] = None
+    max_consecutive_invalid_tool_calls: Optional[int] = None  # the rollout's default for tasks with tools
 
 
 @dataclass
@@ -212,14 +219,16 @@ class EpisodeState:
 
 
 class EpisodeFailure(Exception):
-    """Raise from a task function to end the episode with a typed error."""
+    """Raise from a task function to end the episode with a typed error. Raised from ``obs``, its
+    ``info`` (facts about the turn it judged, as ``Observation.info``) is kept on that turn."""
 
-    def __init__(self, type: str, message: str):
+    def __init__(self, type: str, message: str, info: Optional[dict] = None):
         if type not in ERROR_TYPES:
             raise ValueError(f"unknown error type {type!r}; one of {ERROR_TYPES}")
         super().__init__(message)
         self.type = type
         self.message = message
+        self.info = info
 
 
 class ConfigError(ValueError):

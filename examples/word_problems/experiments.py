@@ -154,7 +154,7 @@ def _episode(t: dict) -> dict:
             "answers": [msg["content"] for msg in t.get("messages") or [] if msg.get("role") == "assistant"]}
 
 
-def run(arm: str, seed: int, extra: list[str]) -> Path:
+def run(arm: str, seed: int, extra: list[str], into: Path = RUNS) -> Path:
     out = REPO / "outputs" / "word_problems" / arm / f"seed{seed}"
     if out.exists():
         shutil.rmtree(out)
@@ -169,7 +169,7 @@ def run(arm: str, seed: int, extra: list[str]) -> Path:
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=REPO)
     wall = time.time() - t0
-    dest = RUNS / arm / f"seed{seed}"
+    dest = into / arm / f"seed{seed}"
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "metrics.jsonl", dest / "metrics.jsonl")
     last = sorted((out / "validation").glob("step_*.jsonl"))[-1]
@@ -414,6 +414,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("arm")
     r.add_argument("seed", type=int)
     r.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
+    r.add_argument("--into", default="runs", help="the evidence folder under examples/word_problems/ (default runs; "
+                   "monitored: bench/monitors_on_runs.py's online runs, outside the tables)")
     sub.add_parser("summarize", help="runs/summary.json, runs/TABLES.md, runs/curves.png")
     args = ap.parse_args(argv)
     try:
@@ -423,7 +425,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for name, (question, arms, seeds) in EXPERIMENTS.items():
                 print(f"experiment {name}: {question} ({', '.join(arms)}; {seeds} seeds)")
         elif args.cmd == "run":
-            run(args.arm, args.seed, args.extra)
+            run(args.arm, args.seed, args.extra, HERE / args.into)
         else:
             summary = summarize()
             text = tables(summary)

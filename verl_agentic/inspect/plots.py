@@ -9,6 +9,10 @@ with matplotlib into ``plots/<id>.png`` next to ``index.html``:
 
 ``group`` is ``"steps"`` (per training step, from ``metrics.jsonl`` or derived from ``rollouts/``)
 or ``"episodes"`` (distributions over the run's episodes).
+
+A line plot may carry ``"markers": [{"x", "label"}]``: the steps where a reward-hacking or collapse
+monitor started firing (``verl_agentic.monitors``), drawn as dashed vertical lines on every step
+plot; the ``monitors`` plot shows each monitor's statistic over its threshold (a monitor fires at 1).
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from verl_agentic.inspect.runs import Run
+from verl_agentic.interfaces import ConfigError
 from verl_agentic.inspect.stats import logprob_gaps, step_series
+from verl_agentic.monitors import MonitorsConfig, from_metrics, make_monitors
 
 # matplotlib's tab10, also used by report.js so the PNGs and the page agree.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
 HIST_BINS = 12
+MARKER_COLOR = "#d62728"  # the monitors' firing steps (report.css .marker too)
 
 
 def line_plot(pid: str, title: str, group: str, xlabel: str, ylabel: str, x: list, series: list[dict]) -> dict:
@@ -94,10 +101,63 @@ STEP_PLOTS = (
 )
 
 
+def monitor_history(run: Run) -> tuple[list[int], dict[str, list], list[dict]]:
+    """(steps, {monitor: statistic / threshold per step (None where it had none)}, firings [{"x", "label"}]).
+
+    From the ``monitor/*`` metrics a run logged; a run that logged none (before the monitors existed,
+    or verl's trainer without the plugin's hook) is replayed through the monitors from its metrics
+    (``monitors.from_metrics``; verl's names when the rows have ``training/global_step``)."""
+    config = (run.config.get("trainer") or {}).get("monitors") or {}
+    try:
+        monitors = make_monitors(MonitorsConfig(thresholds={k: v for k, v in (config.get("thresholds") or {}).items()
+                                                            if v is not None}))
+    except ConfigError:  # a report shows the defaults rather than fail on a run's odd config
+        monitors = make_monitors()
+    spec = {m.name: m for m in monitors.monitors}
+    logged = any(k.startswith("monitor/") for r in run.steps for k in r)
+    names = "verl" if any("training/global_step" in r for r in run.steps) else "ours"
+    steps, values, firings, was = [], {name: [] for name in spec}, [], {}
+    for row in run.steps:
+        if logged:
+            now = {name: row.get(f"monitor/{name}") for name in spec}
+            fired = []
+            for name in spec:
+                if f"monitor/{name}/firing" in row:
+                    on = row[f"monitor/{name}/firing"] == 1.0
+                    if on and not was.get(name):
+                        fired.append(name)
+                    was[name] = on
+        else:
+            fired = [f.monitor for f in monitors.observe(row["step"], from_metrics(row, names))]
+            now = dict(monitors.values)
+        steps.append(row["step"])
+        for name, m in spec.items():
+            v = now.get(name)
+            rel = None if v is None else (v / m.threshold if m.direction == "above" else m.threshold / max(v, 1e-12))
+            values[name].append(None if rel is None or not math.isfinite(rel) else rel)
+        firings += [{"x": row["step"], "label": name} for name in fired]
+    return steps, {k: v for k, v in values.items() if any(x is not None for x in v)}, firings
+
+
 def _step_plots(run: Run) -> list[dict]:
     if run.kind != "training":
         return [missing_plot(pid, title, "steps", "a rollout dir has no training steps (no metrics.jsonl or rollouts/)")
-                for pid, title, *_ in STEP_PLOTS]
+                for pid, title, *_ in [*STEP_PLOTS, ("monitors", "Monitors per step")]]
+    out = _curves(run)
+    steps, values, firings = monitor_history(run)
+    if values:
+        out.append(line_plot("monitors", "Monitors per step (statistic / threshold: fires at 1)", "steps", "step",
+                             "statistic / threshold", steps, [{"name": k, "y": v, "source": "monitors"}
+                                                              for k, v in values.items()]))
+    else:
+        out.append(missing_plot("monitors", "Monitors per step", "steps", "no metrics.jsonl rows the monitors can read"))
+    for p in out:
+        if firings and "missing" not in p:
+            p["markers"] = firings
+    return out
+
+
+def _curves(run: Run) -> list[dict]:
     numbers, series = step_series(run.steps, run.trajectories)
     tasks = {t.get("task_type") for t in run.trajectories}
     out = []
@@ -214,6 +274,10 @@ def _draw(ax: Any, p: dict) -> None:
         for k, s in enumerate(p["series"]):
             ys = [math.nan if y is None else y for y in s["y"]]
             ax.plot(p["x"], ys, marker="o", markersize=3, color=PALETTE[k % len(PALETTE)], label=s["name"])
+        for m in p.get("markers") or ():  # a monitor started firing at this step
+            ax.axvline(m["x"], linestyle="--", linewidth=1, color=MARKER_COLOR, alpha=0.7)
+            ax.annotate(m["label"], (m["x"], 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top",
+                        ha="right", fontsize=6, color=MARKER_COLOR)
         return
     cats, series = p["categories"], p["series"]
     width = 0.8 / max(1, len(series))

@@ -29,6 +29,7 @@ class RolloutConfig:
     concurrency: int = 16
     episode_timeout_s: Optional[float] = None
     chat_template_kwargs: Optional[dict] = None  # None: {} (so the YAML's null can be replaced by a mapping)
+    max_consecutive_invalid_tool_calls: Optional[int] = None  # default of tasks with tools (null: no limit)
 
     def __post_init__(self) -> None:
         if self.chat_template_kwargs is None:
@@ -40,6 +41,9 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_consecutive_invalid_tool_calls is not None and self.max_consecutive_invalid_tool_calls < 0:
+            raise ConfigError("rollout.max_consecutive_invalid_tool_calls must be >= 0 (0: no limit) or null, "
+                              f"got {self.max_consecutive_invalid_tool_calls}")
 
 
 def _sample_seed(base: int, index: int, sample_id: int) -> int:
@@ -121,6 +125,7 @@ class AsyncRollout:
                 tokenizer=self.backend.tokenizer, task_config=self.task_configs.get(task_type, {}),
                 sample_index=sample_id, max_turns=self.config.max_turns,
                 seed=_sample_seed(self.seed, index, sample_id),
+                max_consecutive_invalid_tool_calls=self.config.max_consecutive_invalid_tool_calls,
             )
             async with sem:
                 state, result = await spec.loop(spec, row, ctx, self.backend, self._sampling(index, sample_id),

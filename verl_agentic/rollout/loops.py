@@ -15,7 +15,9 @@ Context budget rule (the same on every path): ``prompt + response <= max_total_t
 Each turn may generate at most ``min(max_new_tokens, budget left)``; a prompt that does not
 fit, or an observation whose tokens would leave no room to generate, ends the episode with
 ``finish_reason="length"`` and a ``context_overflow`` error; a turn cut by the budget ends it
-with ``finish_reason="length"`` too. Nothing raises out of the loop.
+with ``finish_reason="length"`` too. A task's typed failure ends it with ``finish_reason="error"``,
+or the reason ``interfaces.FINISH_REASON_OF_ERROR`` gives its type (``invalid_tool_calls``).
+Nothing raises out of the loop.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from verl_agentic.interfaces import (
     FINISH_ERROR,
     FINISH_LENGTH,
     FINISH_MAX_TURNS,
+    FINISH_REASON_OF_ERROR,
     FINISH_STOP,
     EpisodeError,
     EpisodeFailure,
@@ -110,7 +113,7 @@ async def ids_agent_loop(task: Any, row: dict, ctx: RolloutContext, backend: Any
         state.finish_reason = FINISH_ERROR
     except EpisodeFailure as e:
         state.error = EpisodeError(e.type, e.message)
-        state.finish_reason = FINISH_LENGTH if e.type == "context_overflow" else FINISH_ERROR
+        state.finish_reason = FINISH_REASON_OF_ERROR.get(e.type, FINISH_ERROR)
     except Exception as e:  # noqa: BLE001 - a bug in our own loop still must not kill the batch
         state.error = EpisodeError("task_error", f"{type(e).__name__}: {e}")
         state.finish_reason = FINISH_ERROR
@@ -137,7 +140,9 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
 
         try:
             ob = await maybe_await(task.obs(state, out))
-        except EpisodeFailure:
+        except EpisodeFailure as e:
+            if e.info:  # the turn it judged keeps its facts (e.g. the invalid calls that ended the episode)
+                state.turns[-1].info = _json_safe(e.info)
             raise
         except Exception as e:
             raise EpisodeFailure("task_error", f"obs: {type(e).__name__}: {e}") from e

@@ -56,6 +56,7 @@ class DrConfig:
     parser: str = "hermes"
     call_timeout_s: Optional[float] = 30.0
     max_calls_per_turn: int = 4
+    max_consecutive_invalid_tool_calls: Optional[int] = None  # null: the rollout's default
     scorer: Optional[str] = None
     scorer_kwargs: dict = field(default_factory=dict)
 
@@ -73,7 +74,8 @@ class DrConfig:
         tool_config = {"top_k": self.top_k, "max_chars": self.max_chars,
                        **({"index": str(self.index)} if self.index else {"url": self.url})}
         return ToolAgentConfig(tools=[{"class_name": "search", "config": tool_config}], parser=self.parser,
-                               call_timeout_s=self.call_timeout_s, max_calls_per_turn=self.max_calls_per_turn)
+                               call_timeout_s=self.call_timeout_s, max_calls_per_turn=self.max_calls_per_turn,
+                               max_consecutive_invalid_tool_calls=self.max_consecutive_invalid_tool_calls)
 
 
 def check_config(d: dict) -> DrConfig:

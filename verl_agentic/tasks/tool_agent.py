@@ -14,6 +14,9 @@ Config (``task.tool_agent.*``; the gsm8k task accepts the same keys to add tools
   one class name (``code_verify``); see ``verl_agentic.interactions.registry``.
 - ``parser`` (hermes | json | react | openai), ``call_timeout_s``, ``max_calls_per_turn``,
   ``parse_feedback`` (the message after an unparsable tool call; default: the parser's).
+- ``max_consecutive_invalid_tool_calls``: end the episode (``finish_reason="invalid_tool_calls"``)
+  at that many invalid calls in a row (unparseable markup or unknown tools; ``tools/runner.py``);
+  null: ``rollout.max_consecutive_invalid_tool_calls``; 0: no limit.
 
 Row fields (verl's conventions): ``extra_info.tools_kwargs`` (per tool: ``create_kwargs``),
 ``extra_info.interaction_kwargs`` (``name`` + kwargs for ``start_interaction``; the row's
@@ -45,7 +48,7 @@ from verl_agentic.interfaces import (
 from verl_agentic.rollout.task_spec import TaskSpec, register_task
 from verl_agentic.tools import load_tools
 from verl_agentic.tools.parsers import get_parser
-from verl_agentic.tools.runner import ToolRunner
+from verl_agentic.tools.runner import ToolRunner, invalid_call_limit
 
 
 @dataclass
@@ -56,13 +59,16 @@ class ToolAgentConfig:
     call_timeout_s: Optional[float] = 30.0
     max_calls_per_turn: int = 8
     parse_feedback: Optional[str] = None
+    max_consecutive_invalid_tool_calls: Optional[int] = None
 
-    KEYS = ("tools", "interaction", "parser", "call_timeout_s", "max_calls_per_turn", "parse_feedback")
+    KEYS = ("tools", "interaction", "parser", "call_timeout_s", "max_calls_per_turn", "parse_feedback",
+            "max_consecutive_invalid_tool_calls")
 
     @classmethod
     def from_dict(cls, d: dict, section: str = "task.tool_agent") -> "ToolAgentConfig":
         check_keys(d, sorted(cls.KEYS), section)
         cfg = cls(**d)
+        invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, None, section)  # checks the value
         _components(cfg.key())  # load (and cache) tools, parser and interactions: config errors surface now
         return cfg
 
@@ -94,7 +100,9 @@ async def tool_agent_start(row: dict, ctx: RolloutContext, config: Optional[Tool
     tools, parser, interactions = _components(cfg.key())
     extra = row.get("extra_info") or {}
     runner = ToolRunner(tools, parser, call_timeout_s=cfg.call_timeout_s, max_calls_per_turn=cfg.max_calls_per_turn,
-                        parse_feedback=cfg.parse_feedback)
+                        parse_feedback=cfg.parse_feedback,
+                        max_consecutive_invalid=invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, ctx,
+                                                                   f"task.{row.get('task_type') or 'tool_agent'}"))
     task = ToolAgentState(cfg, runner)
     state = EpisodeState(row=row, messages=copy.deepcopy(list(row["prompt"])), ctx=ctx, task=task,
                          tools=runner.schemas() or None)

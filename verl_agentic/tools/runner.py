@@ -13,8 +13,16 @@ tool, with missing arguments, that raises, or that times out returns an error me
 model (it is not an episode failure) and is counted. A turn whose markup cannot be parsed gets
 the parser's feedback message and counts as a parse error.
 
+The invalid-tool-call policy: with ``max_consecutive_invalid`` = n, the n-th invalid call in a row
+(a call to an unknown tool, or markup that does not parse; a turn's parse failures count after its
+calls, and a call to a known tool resets the count) ends the episode: ``run_turn`` raises
+``EpisodeFailure("invalid_tool_calls", ...)`` with the turn's facts, and the loop ends the episode
+with ``finish_reason="invalid_tool_calls"``. ``invalid_call_limit`` resolves n from a task's config
+key ``max_consecutive_invalid_tool_calls`` and the rollout's default of the same name.
+
 Metrics (summed over the episode): ``tool_calls``, ``tool_ok``, ``tool_error``, ``tool_timeout``,
-``parse_errors``, ``tool_turns``; ``tool_reward`` sums the tools' step rewards.
+``parse_errors``, ``invalid_tool_calls`` (unknown tools + parse failures), ``tool_turns``;
+``tool_reward`` sums the tools' step rewards.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from verl_agentic.interfaces import ConfigError, EpisodeFailure, RolloutContext
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.parsers import get_parser
 
@@ -37,6 +46,7 @@ class TurnResult:
     calls: list = field(default_factory=list)  # parsed ToolCalls
     results: list[ToolResult] = field(default_factory=list)
     parse_errors: list = field(default_factory=list)
+    invalid: int = 0  # calls to unknown tools + unparseable calls
 
     @property
     def has_calls(self) -> bool:
@@ -50,12 +60,25 @@ class TurnResult:
             out["tool_calls"] = [{"name": c.name, "status": r.status} for c, r in zip(self.calls, self.results)]
         if self.parse_errors:
             out["parse_errors"] = len(self.parse_errors)
+        if self.invalid:
+            out["invalid_calls"] = self.invalid
         return out
+
+
+def invalid_call_limit(task_value: Optional[int], ctx: Optional[RolloutContext], section: str) -> Optional[int]:
+    """The episode's ``max_consecutive_invalid_tool_calls``: the task config's (``section``) when set,
+    else the rollout's default (``ctx``); None or 0: no limit."""
+    value = task_value if task_value is not None else getattr(ctx, "max_consecutive_invalid_tool_calls", None)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigError(f"{section}.max_consecutive_invalid_tool_calls must be an integer >= 0 (0: no limit) "
+                          f"or null, got {value!r}")
+    return value or None
 
 
 class ToolRunner:
     def __init__(self, tools: list[BaseTool], parser: Any = "hermes", *, call_timeout_s: Optional[float] = 30.0,
-                 max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None):
+                 max_calls_per_turn: int = 8, parse_feedback: Optional[str] = None,
+                 max_consecutive_invalid: Optional[int] = None):
         self.tools = {t.name: t for t in tools}
         self.parser = get_parser(parser) if isinstance(parser, str) else parser
         self.call_timeout_s = call_timeout_s
@@ -65,6 +88,8 @@ class ToolRunner:
         self.counts: Counter = Counter()
         self.reward = 0.0
         self.episode_id = uuid.uuid4().hex
+        self.max_consecutive_invalid = max_consecutive_invalid
+        self.invalid_streak = 0  # invalid calls in a row so far
 
     def schemas(self) -> list[dict]:
         return [t.get_openai_tool_schema() for t in self.tools.values()]
@@ -133,11 +158,32 @@ class ToolRunner:
             self.counts["parse_errors"] += len(parsed.errors)
             feedback = self.parse_feedback or self.parser.feedback_message(parsed.errors)
             messages.append({"role": "user", "content": feedback})
-        return TurnResult(messages, calls, results, parsed.errors)
+        turn = TurnResult(messages, calls, results, parsed.errors)
+        self._count_invalid(turn)
+        return turn
+
+    def _count_invalid(self, turn: TurnResult) -> None:
+        """Update the run of invalid calls; at ``max_consecutive_invalid`` end the episode (module docstring)."""
+        for c in turn.calls:
+            if c.name in self.tools:
+                self.invalid_streak = 0
+            else:
+                self.invalid_streak += 1
+                turn.invalid += 1
+        self.invalid_streak += len(turn.parse_errors)
+        turn.invalid += len(turn.parse_errors)
+        self.counts["invalid_tool_calls"] += turn.invalid
+        limit = self.max_consecutive_invalid
+        if limit and turn.invalid and self.invalid_streak >= limit:
+            what = sorted({f"unknown tool {c.name!r}" for c in turn.calls if c.name not in self.tools}
+                          | {f"unparseable call ({e.type})" for e in turn.parse_errors})
+            raise EpisodeFailure("invalid_tool_calls",
+                                 f"{self.invalid_streak} invalid tool calls in a row (max_consecutive_invalid_tool_calls="
+                                 f"{limit}); the last turn's: {', '.join(what)}", info=turn.info())
 
     def metrics(self) -> dict[str, float]:
         m = {k: float(self.counts.get(k, 0)) for k in ("tool_calls", "tool_ok", "tool_error", "tool_timeout",
-                                                     "parse_errors", "tool_turns")}
+                                                     "parse_errors", "invalid_tool_calls", "tool_turns")}
         m["tool_reward"] = self.reward
         return m
 

@@ -12,6 +12,8 @@ One step::
     advantages      verl ray_trainer.compute_advantage -> core_algos registry (grpo, rloo, gae, ...)
     update          per mini-batch (micro-batches accumulate): verl's policy-loss registry
                     (clipped PPO), agg_loss modes, entropy bonus, KL loss, value loss; clip; AdamW
+    monitors        the step's batch summary -> reward-hacking / collapse monitors (monitor/*, a warning
+                    when one fires; trainer.monitors.stop_on ends training after that step)
     metrics -> metrics.jsonl (+ tensorboard/wandb/console through verl's Tracking); checkpoint
     [validation]    greedy episodes (n=1) on data.val_path: before the first step and every
                     trainer.test_freq steps -> val/* in that step's metrics row (step 0: before training)
@@ -43,9 +45,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.backends.hf import HFBackend, hf_options
 from verl_agentic.config import RunConfig, resolve_data_path, reward_manager, reward_settings
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS, ConfigError
 from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.models.embedded import resolve_model_path
+from verl_agentic.monitors import batch_summary, from_metrics, heldout_summary, make_monitors, merge, numeric
 from verl_agentic.reward import score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
 from verl_agentic.rollout.async_rollout import resolve_tasks
@@ -229,6 +232,14 @@ def rollout_metrics(trajs: list[dict], rewards: list[Optional[float]]) -> dict[s
     if calls:
         m["tool/calls"] = float(calls)
         m["tool/success_rate"] = float((calls - errors) / calls)
+    if collect("invalid_tool_calls"):  # tasks with tools: the invalid-tool-call policy (tools/runner.py)
+        m["tool/invalid_calls"] = float(sum(collect("invalid_tool_calls")))
+        stops: dict[str, float] = defaultdict(float)
+        for t in trajs:
+            stops[t["task_type"]] += float(t.get("finish_reason") == FINISH_INVALID_TOOL_CALLS)
+        m["episode/invalid_tool_call_stops"] = sum(stops.values())
+        if len(stops) > 1:
+            m.update({f"episode/{task}/invalid_tool_call_stops": n for task, n in stops.items()})
     gen = [sum(t["response_mask"]) for t in trajs]
     m["response_length/mean"] = float(np.mean(gen))
     m["response_length/max"] = float(np.max(gen))
@@ -295,6 +306,8 @@ class PPOTrainer:
                                       on_bad_row=c.data.on_bad_row, skipped=self.skipped_rows)
             resolve_tasks(self.val_rows, c.task_type, self.task_configs)
         self.val_rollout_cfg = replace(self.rollout_cfg, n=1, temperature=0.0)  # greedy, one episode a row
+        self.monitors = make_monitors(t.monitors) if t.monitors.enabled else None
+        self._heldout_trajs: list[dict] = []  # the episodes of a validation at this step, for the monitors
         self.test_freq = t.test_freq
         self.use_ray = t.use_ray
         self.scorer_config = reward_settings(c, progress=False)  # checked now, not in the Ray actor
@@ -480,6 +493,11 @@ class PPOTrainer:
             keep = [ln for ln in self.metrics_path.read_text().splitlines()
                     if ln.strip() and 0 < json.loads(ln).get("step", 0) <= self.step]
             self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+            if self.monitors is not None:  # the monitors' history: the logged summaries of the steps kept
+                for ln in keep:
+                    row = json.loads(ln)
+                    self.monitors.observe(row["step"], from_metrics(row))
+                self.monitors.stop = None
         self._log(f"resumed from {folder} at step {self.step}")
 
     def _log(self, msg: str) -> None:
@@ -509,6 +527,7 @@ class PPOTrainer:
         (self.out_dir / "validation").mkdir(exist_ok=True)
         write_jsonl(self.out_dir / "validation" / f"step_{self.step:06d}.jsonl", trajs)
         m = {"val/" + k: v for k, v in validation_metrics(trajs, rewards).items()}
+        self._heldout_trajs = trajs  # for the monitors (_observe)
         m["timing/val_s"] = time.perf_counter() - t0
         self._log(f"validation at step {self.step}: " + ", ".join(
             f"{k[4:]} {v:.3f}" for k, v in m.items() if k.startswith("val/accuracy/") or k == "val/reward/mean"))
@@ -627,14 +646,34 @@ class PPOTrainer:
         metrics["perf/update_tokens_per_s"] = tokens * self.conf.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
+        self._heldout_trajs = []
         if self._validate_after_step():
             metrics.update(self.validate())
+        self._observe(metrics, trajs, rewards)
         self._write(metrics, trajs)
         self._boundary = self._position()
         self._weights_dirty = False
         del batch, data, trajs
         _release_memory()
         return metrics
+
+    def _observe(self, metrics: dict[str, float], trajs: list[dict], rewards: Optional[list] = None) -> None:
+        """Feed this step's batch summary (its episodes, the validation's if it ran, and what the metrics
+        add: entropy, KL, held-out accuracy) to the monitors; the summary and their values go into
+        ``metrics``, a monitor that starts firing prints one line. A failure of the monitors is reported
+        once and turns them off: they never stop training."""
+        if self.monitors is None:
+            return
+        try:
+            summary = merge(batch_summary(trajs, rewards) if trajs else {}, heldout_summary(self._heldout_trajs))
+            metrics.update(numeric(summary))
+            for f in self.monitors.observe(self.step, merge(summary, from_metrics(metrics))):
+                print(f"[verl-agentic] WARNING {f.line()}", file=sys.stderr)
+            metrics.update(self.monitors.metrics())
+        except Exception as e:  # noqa: BLE001 - monitors only read; training goes on without them
+            print(f"[verl-agentic] WARNING the monitors failed at step {self.step} and are off for this run: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            self.monitors = None
 
     def _record_gap(self, metrics: dict, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
         diff = (trainer_lp - rollout_lp).abs() * mask
@@ -795,7 +834,9 @@ class PPOTrainer:
                    dynamic_ncols=True)
         try:
             if self.step == 0 and self.val_rows and t.val_before_train:
-                self._write(self.validate(), [])  # the base model: a step-0 row with val/* only
+                m = self.validate()  # the base model: a step-0 row with val/* (and heldout/*) only
+                self._observe(m, [])
+                self._write(m, [])
             while self.step < last:
                 m = self.train_step()
                 history.append(m)
@@ -807,6 +848,10 @@ class PPOTrainer:
                                 refresh=False)
                 if save_freq > 0 and self.step % save_freq == 0 and self.step < total:
                     self.save_checkpoint()
+                if self.monitors is not None and self.monitors.stop is not None:
+                    print(f"[verl-agentic] stopping after step {self.step}: {self.monitors.stop.line()} "
+                          f"(trainer.monitors.stop_on={list(t.monitors.stop_on)})", file=sys.stderr)
+                    break
             self.save_checkpoint()  # also when stopped early: the point to resume from
             if self.step >= total and t.save_hf_model:
                 self.save_hf_model(self.out_dir / "hf_model")

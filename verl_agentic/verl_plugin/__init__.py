@@ -19,6 +19,10 @@ It also puts verl's vLLM rollout adapter with a weight sync that fails instead o
 loads tied weights whatever the bucket size, in verl's rollout registry (``verl_plugin/vllm_sync.py``;
 ``VERL_AGENTIC_WEIGHT_SYNC_GUARD=0`` keeps verl's own), on GPU and CPU alike.
 
+It feeds each training step of verl's (v1) trainer to the reward-hacking and collapse monitors
+(``verl_plugin/monitors.py``, settings ``+agentic.monitors.*``; ``VERL_AGENTIC_MONITORS=0`` leaves
+verl's trainer unwrapped).
+
 With ``VERL_PLATFORM=cpu`` it also switches verl's trainer to the CPU (``verl_plugin/cpu``:
 the platform, FSDP engines for "cpu", two patches and the ``hf`` rollout); otherwise that code
 is not even imported.
@@ -38,5 +42,9 @@ if os.environ.get("VERL_AGENTIC_WEIGHT_SYNC_GUARD", "1") != "0":
 
     # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
     _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
+if os.environ.get("VERL_AGENTIC_MONITORS", "1") != "0":
+    from verl_agentic.verl_plugin import monitors as _monitors
+
+    _monitors.install_on_import()  # wraps verl's PPOTrainer._compute_metrics when the trainer imports it
 if _cpu.cpu_mode_requested():
     _cpu.activate()

@@ -28,6 +28,12 @@ the command line, deep-merged)::
   turns): an observation that would add one more ends the episode instead, unsent.
 - ``max_new_tokens``: tokens per assistant turn (default: ``rollout.response_length``).
 - ``episode_timeout_s``: wall-clock limit of an episode (typed ``timeout`` error; default none).
+- ``max_consecutive_invalid_tool_calls``: the default of tasks with tools (a task's own key of the
+  same name wins): at that many invalid tool calls in a row (unparseable markup or unknown tools) the
+  episode ends with ``finish_reason="invalid_tool_calls"`` and that error type (kept for training;
+  counted per data source in validation as ``invalid_tool_call_stop``). Default none.
+- ``monitors``: the reward-hacking and collapse monitors of verl's trainer (``verl_plugin/monitors.py``;
+  not read by the loop, checked here with the rest).
 - ``raise_on_errors``: episode error types that fail the sample instead of training on what it
   generated (default ``[generation_error]``: a server failure). verl's v1 trainer then drops the
   sample's group; the legacy trainer stops. An episode whose prompt could not be built
@@ -80,7 +86,9 @@ from verl_agentic.interfaces import (
     EpisodeState,
     RolloutContext,
     SamplingParams,
+    parse_section,
 )
+from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 
@@ -104,7 +112,9 @@ class TaskAgentSettings:
     max_turns: Optional[int] = None
     max_new_tokens: Optional[int] = None
     episode_timeout_s: Optional[float] = None
+    max_consecutive_invalid_tool_calls: Optional[int] = None  # the rollout's default for tasks with tools
     raise_on_errors: tuple = ("generation_error",)
+    monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
 
     @classmethod
     def from_sources(cls, trainer_section: Any = None, loop_section: Any = None) -> "TaskAgentSettings":
@@ -146,6 +156,11 @@ class TaskAgentSettings:
         if bad:
             raise ConfigError(f"agentic.raise_on_errors: unknown error types {bad}; known: {list(ERROR_TYPES)}")
         self.raise_on_errors = tuple(self.raise_on_errors)
+        parse_section(MonitorsConfig, self.monitors, "agentic.monitors")
+        limit = self.max_consecutive_invalid_tool_calls
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise ConfigError(f"agentic.max_consecutive_invalid_tool_calls must be an integer >= 0 (0: no limit), "
+                              f"got {limit!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +341,8 @@ class TaskAgentLoop(AgentLoopBase):
         sample_id = int(plain(kwargs.get("session_id", 0)) or 0)  # verl's v1 trainer: which of the n samples
         index = plain(kwargs.get("index", 0))
         ctx = RolloutContext(tokenizer=self.tokenizer, task_config=dict(self.settings.task.get(task_type, {})),
-                             sample_index=sample_id, max_turns=int(max_turns))
+                             sample_index=sample_id, max_turns=int(max_turns),
+                             max_consecutive_invalid_tool_calls=self.settings.max_consecutive_invalid_tool_calls)
         sampling = SamplingParams(
             max_new_tokens=self.settings.max_new_tokens or self.response_length,
             temperature=float(sampling_params.get("temperature", 1.0)),

@@ -39,6 +39,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS
+
 RESPONSE_MASK_FIELD = "agentic_response_mask"
 AGENTIC_FIELD = "agentic"
 
@@ -205,7 +207,8 @@ def plain(value: Any) -> Any:
 # source in validation (``val-aux/<data_source>/<name>/mean@N``). 0.0 where the task does not
 # report the metric (e.g. ``first_correct`` for a tool task).
 EPISODE_METRICS = ("turns", "task_reward", "first_correct", "final_correct", "flips_wrong_to_right",
-                   "flips_right_to_wrong", "answered", "tool_calls", "tool_ok", "episode_error")
+                   "flips_right_to_wrong", "answered", "tool_calls", "tool_ok", "invalid_tool_calls",
+                   "invalid_tool_call_stop", "episode_error")
 
 
 def episode_metrics(agentic: Optional[dict]) -> dict[str, float]:
@@ -215,12 +218,14 @@ def episode_metrics(agentic: Optional[dict]) -> dict[str, float]:
     if not isinstance(agentic, dict):
         return out
     metrics = agentic.get("metrics") or {}
-    for key in ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_to_wrong", "answered"):
+    for key in ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_to_wrong", "answered",
+                "invalid_tool_calls"):
         value = metrics.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
     calls = [c for t in agentic.get("turns") or () for c in ((t.get("info") or {}).get("tool_calls") or ())]
     out.update(turns=float(agentic.get("num_assistant_turns") or 0), task_reward=float(agentic.get("reward") or 0.0),
                tool_calls=float(len(calls)), tool_ok=float(sum(c.get("status") == "ok" for c in calls)),
+               invalid_tool_call_stop=float(agentic.get("finish_reason") == FINISH_INVALID_TOOL_CALLS),
                episode_error=float(agentic.get("error") is not None))
     return out

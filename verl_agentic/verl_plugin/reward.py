@@ -75,7 +75,7 @@ Result: ``{"reward_score": float, "reward_extra_info": {...}}`` with always the 
 ``acc`` (the scorer's ``acc`` extra, else its score; 0.0 for a failed sample), ``reward_failed``
 (0/1), ``reward_error_type`` (``""`` or one of ``verl_agentic.reward.REWARD_ERROR_TYPES``) and
 the episode metrics of ``convert.EPISODE_METRICS`` (turns, task reward, first/final correct, feedback
-flips, tool calls and successes, episode error; from the ``task_agent`` loop's ``agentic`` extra
+flips, tool calls and successes, invalid tool calls and whether they ended the episode, episode error; from the ``task_agent`` loop's ``agentic`` extra
 field, 0.0 otherwise: verl logs them per data source in validation), and the ``extra_keys``. A failed sample's score follows ``failure_policy``; verl's ``rm_scores``
 tensor cannot hold "no score", so ``mask`` (the default) gives 0.0 and relies on
 ``reward_failed=1`` to tell it apart (it is averaged into verl's validation metrics as the

@@ -18,6 +18,8 @@ VERL = (
     ("verl.workers.engine.base", "EngineRegistry", "cpu/patches.py: engines for 'cpu'"),
     ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY", "cpu/__init__.py (hf adapter), __init__.py (guarded vLLM adapter)"),
     ("verl.workers.rollout.replica", "RolloutReplicaRegistry", "cpu/__init__.py: the hf and CPU vllm replicas"),
+    ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_compute_metrics", "monitors.py: wrapped, the step's monitors"),
+    ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_save_checkpoint", "monitors.py: the stop rule's checkpoint"),
 )
 
 # importable only where vLLM is (vLLM's environment, GPU images)

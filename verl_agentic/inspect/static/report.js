@@ -134,6 +134,11 @@
           s.appendChild(c);
         });
       });
+      (p.markers || []).forEach(function (m) {  // a monitor started firing at this step
+        var g = svg("line", { x1: X(m.x), x2: X(m.x), y1: T, y2: H - B, "class": "marker", "data-step": m.x });
+        g.appendChild(svg("title", {}, "monitor " + m.label + " fired at " + p.xlabel + " " + m.x));
+        s.appendChild(g);
+      });
     } else {
       var n = p.categories.length, slot = (W - L - R) / Math.max(1, n), bw = slot * 0.8 / Math.max(1, p.series.length);
       p.categories.forEach(function (c, j) {

@@ -118,11 +118,12 @@ def gsm8k_obs(state: EpisodeState, out: GenOutput) -> Observation:
     task.answers.append(answer)
     task.correct.append(correct)
     message = _feedback(task, state.num_turns, correct)
+    info = {"answer": answer}  # the answer this turn gives (the monitors' answer collapse reads it)
     if message is None:
-        return Observation(done=True, turn_reward=float(correct))
+        return Observation(done=True, turn_reward=float(correct), info=info)
     if state.num_turns < state.ctx.max_turns:  # otherwise the loop ends with "max_turns" unsent
         task.feedback_turns += 1
-    return Observation(messages=[{"role": "user", "content": message}], turn_reward=float(correct))
+    return Observation(messages=[{"role": "user", "content": message}], turn_reward=float(correct), info=info)
 
 
 def gsm8k_end(state: EpisodeState) -> EpisodeResult:

@@ -75,7 +75,7 @@ from verl_agentic.tasks.swedev.data import instance_from_row
 from verl_agentic.tasks.swedev.scorer import SUBMISSION_KEY
 from verl_agentic.tasks.swedev.tools import SANDBOX_TOOLS, SandboxSession
 from verl_agentic.tools.parsers import get_parser
-from verl_agentic.tools.runner import ToolRunner
+from verl_agentic.tools.runner import ToolRunner, invalid_call_limit
 
 
 # --- config ----------------------------------------------------------------------------------------
@@ -87,6 +87,7 @@ class SwedevConfig:
     call_timeout_s: Optional[float] = None
     max_calls_per_turn: int = 8
     parse_feedback: Optional[str] = None
+    max_consecutive_invalid_tool_calls: Optional[int] = None  # null: the rollout's default
     command_timeout_s: float = 10.0
     test_timeout_s: float = 30.0
     max_output_chars: int = 4000
@@ -98,6 +99,7 @@ class SwedevConfig:
     def from_dict(cls, d: dict) -> "SwedevConfig":
         check_keys(d, cls.__dataclass_fields__, "task.swedev")
         cfg = cls(**{k: v for k, v in d.items() if v is not None or k in ("call_timeout_s", "parse_feedback")})
+        invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, None, "task.swedev")  # checks the value
         if not cfg.url:
             raise ConfigError("task.swedev.url is required: the http://host:port of a sandbox service (start one "
                               "with `python -m verl_agentic.sandbox.server --port 8100`)")
@@ -161,7 +163,9 @@ async def swedev_start(row: dict, ctx: RolloutContext) -> EpisodeState:
     session = SandboxSession(client, box["sandbox_id"], instance.instance_id, instance.test_command,
                              cfg.command_timeout_s, cfg.max_output_chars)
     runner = ToolRunner(tools, parser, call_timeout_s=cfg.call_timeout, max_calls_per_turn=cfg.max_calls_per_turn,
-                        parse_feedback=cfg.parse_feedback)
+                        parse_feedback=cfg.parse_feedback,
+                        max_consecutive_invalid=invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, ctx,
+                                                                   "task.swedev"))
     try:
         await runner.start({t.name: {"session": session} for t in tools})
     except BaseException:
