@@ -32,9 +32,9 @@ class MonitorsConfig:
     def __post_init__(self) -> None:
         if self.baseline_steps < 1:
             raise ConfigError(f"monitors.baseline_steps must be >= 1, got {self.baseline_steps}")
+        # null means the default, as leaving the name out does: the YAML's nulls build the API's default
+        object.__setattr__(self, "thresholds", {k: v for k, v in self.thresholds.items() if v is not None})
         for name, value in self.thresholds.items():
-            if value is None:
-                continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(f"monitors.thresholds.{name} must be a number, got {value!r}")
 
