@@ -77,10 +77,11 @@ async def test_gsm8k_feedback_over_the_protocol():
         assert status == 200 and start["messages"] == _gsm8k_row()["prompt"] and start["tools"] is None
         sid = start["session_id"]
         status, wrong = await _post(url, "/step", {"session_id": sid, "turn": 1, "message": _msg("#### 5")})
-        assert status == 200 and wrong["done"] is False and wrong["turn_reward"] == 0.0
+        assert status == 200 and wrong["done"] is False and wrong["turn_reward"] == 0.0 and wrong["info"] == {"answer": "5"}
         assert wrong["messages"][0]["role"] == "user" and "Are you sure?" in wrong["messages"][0]["content"]
         status, right = await _post(url, "/step", {"session_id": sid, "turn": 2, "message": _msg("2+2 = #### 4")})
-        assert status == 200 and right == {"messages": [], "done": True, "turn_reward": 1.0, "metrics": {}, "info": {}}
+        assert status == 200 and right == {"messages": [], "done": True, "turn_reward": 1.0, "metrics": {},
+                                         "info": {"answer": "4"}}  # the monitors read each turn's answer
         status, end = await _post(url, "/end", {"session_id": sid, "finish_reason": "stop"})
         assert status == 200 and end["reward"] == 1.0
         assert end["metrics"]["flips_wrong_to_right"] == 1.0 and end["metrics"]["feedback_turns"] == 1.0
