@@ -63,7 +63,9 @@ def make_training_dir(tiny_qwen_dir, out, steps=2):
     with open(out / "metrics.jsonl", "w") as metrics:
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
-            trajs, _ = run(load_config(rollout_overrides(tiny_qwen_dir, out / "tmp", f"seed={step}")), backend=backend)
+            # one output dir per step: a rollout dir holds one run (rollout/journal.py continues it)
+            trajs, _ = run(load_config(rollout_overrides(tiny_qwen_dir, out / "tmp" / str(step), f"seed={step}")),
+                           backend=backend)
             wall = time.perf_counter() - t0
             temp = MISMATCHED_TEMPERATURE if step == steps else ROLLOUT_TEMPERATURE
             for t in trajs:
