@@ -131,7 +131,7 @@ class AsyncRollout:
                 state, result = await spec.loop(spec, row, ctx, self.backend, self._sampling(index, sample_id),
                                                 limits, self.template)
             traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
-                                    task_type=task_type, index=index, sample_id=sample_id)
+                                    task_type=task_type, index=index, sample_id=sample_id, scorer=spec.scorer)
             bar.update(traj)
             if on_episode is not None and (traj["error"] or {}).get("type") != "cancelled":  # a loop that
                 on_episode(traj)  # swallowed a cancellation did not finish its episode

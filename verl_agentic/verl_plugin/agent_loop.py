@@ -17,6 +17,9 @@ the command line, deep-merged)::
         actor_rollout_ref.rollout.agent.default_agent_loop=task_agent \\
         +agentic.task_type=gsm8k +agentic.task.gsm8k.feedback=verify +agentic.max_turns=3
 
+- ``imports``: your modules (``+agentic.imports=[my_tasks]``), imported in every agent-loop worker
+  before a task is looked up, and by our reward managers in every reward-loop worker (and prime's
+  processes) as ``scorer_modules``: a task and its scorer in a module of your own, no package needed.
 - ``task_type``: the task of rows without a ``task_type`` column value (a row's own wins).
 - ``task``: ``{task_type: {key: value}}``, each task's config section, exactly what
   ``task.<name>`` is in ``python -m verl_agentic.main_rollout`` (e.g. gsm8k's ``feedback``,
@@ -89,6 +92,7 @@ from verl_agentic.interfaces import (
     parse_section,
 )
 from verl_agentic.monitors import MonitorsConfig
+from verl_agentic.registry import import_modules
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 
@@ -115,6 +119,7 @@ class TaskAgentSettings:
     max_consecutive_invalid_tool_calls: Optional[int] = None  # the rollout's default for tasks with tools
     raise_on_errors: tuple = ("generation_error",)
     monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
+    imports: list = field(default_factory=list)  # the user's modules, imported before a task is looked up
 
     @classmethod
     def from_sources(cls, trainer_section: Any = None, loop_section: Any = None) -> "TaskAgentSettings":
@@ -139,6 +144,8 @@ class TaskAgentSettings:
         return settings
 
     def _check(self) -> None:
+        # first: the user's modules register the tasks (and scorers) named below, in this agent-loop worker
+        self.imports = [m.__name__ for m in import_modules(self.imports, "agentic.imports")]
         if self.task_type is not None and (not isinstance(self.task_type, str) or not self.task_type):
             raise ConfigError(f"agentic.task_type must be a task name, got {self.task_type!r}")
         if not isinstance(self.task, dict) or not all(isinstance(v, dict) for v in self.task.values()):
@@ -366,7 +373,7 @@ class TaskAgentLoop(AgentLoopBase):
 
         state, result = await spec.loop(task, row, ctx, backend, sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
-                                task_type=task_type, index=int(index or 0), sample_id=sample_id)
+                                task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
         self._check_errors(traj, hooks, kwargs)
 
         self._dump(traj, backend, sampling_params)
