@@ -5,22 +5,14 @@ scorer scored by its own episode reward, a task that names its scorer."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from va_user_tasks import expected_score, write_user_tasks
+from va_user_tasks import expected_score, user_env, write_user_tasks
 from verl_agentic.interfaces import ConfigError, EpisodeResult, EpisodeState, Observation
-
-
-def _env() -> dict:
-    """The test's environment without the tests folder on PYTHONPATH: the user's module must come
-    through ``imports`` and the working directory, nothing else."""
-    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("tests")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(keep), "PYTHONWARNINGS": "ignore"}
 
 
 def _trajectories(out: Path) -> list[dict]:
@@ -46,7 +38,7 @@ def test_main_rollout_imports_a_users_module_from_the_cli_and_from_a_script(tiny
               "reward.manager=prime", "reward.num_workers=1"]
     # 1. the command line
     cli = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_tasks]", *common,
-                          "output.dir=out_cli"], capture_output=True, text=True, cwd=folder, env=_env(), timeout=600)
+                          "output.dir=out_cli"], capture_output=True, text=True, cwd=folder, env=user_env(), timeout=600)
     assert cli.returncode == 0, cli.stderr[-3000:]
     trajs = _trajectories(folder / "out_cli")
     _check_scores(trajs, 4)
@@ -61,7 +53,7 @@ def test_main_rollout_imports_a_users_module_from_the_cli_and_from_a_script(tiny
     (folder / "run.py").write_text(
         "from verl_agentic.main_rollout import main\n"
         f"main(['imports=[my_tasks]', *{common!r}, 'output.dir=out_script', 'output.quiet=true'])\n")
-    script = subprocess.run([sys.executable, "run.py"], capture_output=True, text=True, cwd=folder, env=_env(),
+    script = subprocess.run([sys.executable, "run.py"], capture_output=True, text=True, cwd=folder, env=user_env(),
                             timeout=600)
     assert script.returncode == 0, script.stderr[-3000:]
     again = _trajectories(folder / "out_script")
@@ -69,7 +61,7 @@ def test_main_rollout_imports_a_users_module_from_the_cli_and_from_a_script(tiny
     assert [t["response_ids"] for t in again] == [t["response_ids"] for t in trajs]
     # 3. without imports, the task is unknown: one clear line naming the registered ones
     bad = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", *common, "output.dir=out_bad"],
-                         capture_output=True, text=True, cwd=folder, env=_env(), timeout=300)
+                         capture_output=True, text=True, cwd=folder, env=user_env(), timeout=300)
     assert bad.returncode == 2 and "unknown task_type 'length_task'" in bad.stderr and "gsm8k" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -86,7 +78,7 @@ def test_main_ppo_imports_a_users_module_in_its_ray_workers(tiny_smol_dir, tmp_p
         "      'trainer.use_ray=true', 'trainer.ray_init.num_cpus=2', 'trainer.val_before_train=false',\n"
         "      'reward.manager=prime', 'reward.num_workers=1', 'trainer.save_hf_model=false', 'output.dir=out',\n"
         "      'output.quiet=true'])\n")
-    r = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=folder, env=_env(),
+    r = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=folder, env=user_env(),
                        timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     trajs = [json.loads(x) for x in (folder / "out" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]

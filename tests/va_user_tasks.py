@@ -11,7 +11,15 @@ tests/test_verl_user_tasks.py import them there with ``imports=[my_tasks]``).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+
+def user_env(**extra: str) -> dict:
+    """This environment without the tests folder on PYTHONPATH: a user's module must come in through
+    ``imports`` (or a class_name) and the working directory, nothing else."""
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("tests")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(keep), "PYTHONWARNINGS": "ignore", **extra}
 
 MODULE = '''
 from verl_agentic.interfaces import EpisodeResult, EpisodeState, Observation
@@ -59,7 +67,8 @@ def write_user_tasks(folder: Path, rows: int = 4) -> Path:
     with data.open("w") as f:
         for i in range(rows):
             task = ("length_task", "named_task")[i % 2]
-            f.write(json.dumps({"prompt": f"Write a short sentence about the number {i}.", "ground_truth": "20",
+            f.write(json.dumps({"prompt": f"Write a short sentence about the number {i}.",
+                                "ground_truth": "10" if task == "length_task" else "20",
                                 "task_type": task, "data_source": f"my/{task}"}) + "\n")
     return data
 

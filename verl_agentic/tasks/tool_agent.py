@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_agentic.interactions import load_interactions
+from verl_agentic.interactions import call_with_instance, load_interactions
 from verl_agentic.interfaces import (
     EpisodeResult,
     EpisodeState,
@@ -146,10 +146,10 @@ async def tool_agent_end(state: EpisodeState) -> EpisodeResult:
     try:
         await task.runner.close()
         if task.interaction is not None and task.interaction_id is not None:
-            reward = float(await task.interaction.calculate_score(task.interaction_id))
+            reward = float(await call_with_instance(task.interaction.calculate_score, task.interaction_id))
     finally:
         if task.interaction is not None and task.interaction_id is not None:
-            await task.interaction.finalize_interaction(task.interaction_id)
+            await call_with_instance(task.interaction.finalize_interaction, task.interaction_id)
     right = [s >= 1.0 for s in task.scores]
     metrics = {**task.runner.metrics(), "feedback_turns": float(task.feedback_turns),
                "flips_wrong_to_right": float(sum(1 for a, b in zip(right, right[1:]) if not a and b)),
