@@ -20,6 +20,8 @@ VERL = (
     ("verl.workers.rollout.replica", "RolloutReplicaRegistry", "cpu/__init__.py: the hf and CPU vllm replicas"),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_compute_metrics", "monitors.py: wrapped, the step's monitors"),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_save_checkpoint", "monitors.py: the stop rule's checkpoint"),
+    ("verl.experimental.agent_loop.agent_loop.AgentLoopOutput", "as_dict",
+     "turn_rewards.py: per-turn rewards added to rm_scores"),
 )
 
 # importable only where vLLM is (vLLM's environment, GPU images)
