@@ -136,6 +136,52 @@ def test_an_aborted_request_that_is_never_resumed_fails_the_episode_instead_of_t
 
 
 # --------------------------------------------------------------------------------------------
+# separate_async: no CPU checkpoint engine, so one clear error (verl_plugin/cpu/modes.py)
+
+SEPARATE_ASYNC = ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                  "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                  "trainer.v1.separate_async.parameter_sync_step=2", "data.train_batch_size=4",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+
+
+def test_separate_async_config_composes_and_validates_but_cpu_mode_refuses_it_in_one_line(tmp_path):
+    """The mode's config, with the launch script's CPU overrides and our plugin loaded, is one verl
+    accepts (composed by hydra, ``validate_config``); constructing verl's separate-async trainer in CPU
+    mode is our ``ConfigError`` before verl's assertions or any Ray actor, and the launch script says
+    the same before anything starts."""
+    import os
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+    from test_verl_agent_loop import verl_config
+    from test_verl_cpu import SCRIPT
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from verl_agentic.verl_plugin.cpu.modes import SEPARATE_ASYNC_ON_CPU
+
+    out = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "DEVICE": "cpu", "MODEL_PATH": "/models/m"})
+    cfg = verl_config(*[line for line in out.stdout.splitlines() if line], *SEPARATE_ASYNC)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert cfg.trainer.v1.trainer_mode == "separate_async" and "agentic" in cfg
+    OmegaConf.save(cfg, tmp_path / "cfg.yaml")
+
+    probe = (f"import verl; from omegaconf import OmegaConf; from verl.trainer.ppo.v1 import get_trainer_cls; "
+             f"cfg = OmegaConf.load({str(tmp_path / 'cfg.yaml')!r});\n"
+             "try:\n    get_trainer_cls('separate_async')(config=cfg)\n"
+             "except Exception as e:\n    print(type(e).__name__, '|', e)")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "VERL_PLATFORM": "cpu"}
+    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    assert refused.stdout.strip().splitlines()[-1] == f"ConfigError | {SEPARATE_ASYNC_ON_CPU}", refused.stderr[-2000:]
+
+    script = subprocess.run(["bash", str(SCRIPT), *SEPARATE_ASYNC], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "DEVICE": "cpu"})
+    assert script.returncode == 2 and script.stderr.strip() == f"run_gsm8k_multiturn.sh: {SEPARATE_ASYNC_ON_CPU}"
+
+
+# --------------------------------------------------------------------------------------------
 # end to end: verl's colocate_async trainer with task_agent and our hf rollout, on this CPU
 
 def _metrics_all(path) -> dict[int, dict]:
