@@ -184,16 +184,6 @@ def test_separate_async_config_composes_and_validates_but_cpu_mode_refuses_it_in
 # --------------------------------------------------------------------------------------------
 # end to end: verl's colocate_async trainer with task_agent and our hf rollout, on this CPU
 
-def _metrics_all(path) -> dict[int, dict]:
-    import json
-
-    out: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        out.setdefault(row["step"], {}).update(row["data"])
-    return out
-
-
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
     """3 GRPO steps of ``trainer.v1.trainer_mode=colocate_async`` (one batch of prompts rolled out ahead,
@@ -201,7 +191,7 @@ def async_run(tmp_path_factory):
     rewards; then a resume for a 4th step."""
     import json
 
-    from test_verl_cpu import _launch, _write_data
+    from test_verl_cpu import _launch, _metrics, _write_data
 
     root = tmp_path_factory.mktemp("verl_async")
     out, data = root / "run", root / "data"
@@ -211,14 +201,14 @@ def async_run(tmp_path_factory):
               "agentic.max_new_tokens=48")
     first = _launch(out, data, *common, "trainer.total_training_steps=3", "trainer.save_freq=3")
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
-    metrics_1 = _metrics_all(out / "metrics.jsonl")
+    metrics_1 = _metrics(out / "metrics.jsonl")
     second = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.save_freq=4",
                      "trainer.resume_mode=auto", "trainer.val_before_train=false")
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     episodes = [json.loads(line) for f in sorted((out / "rollouts").glob("step_*.jsonl"))
                 for line in f.read_text().splitlines()]
     return types.SimpleNamespace(out=out, first=first, second=second, metrics_1=metrics_1,
-                                 metrics_2=_metrics_all(out / "metrics.jsonl"), episodes=episodes)
+                                 metrics_2=_metrics(out / "metrics.jsonl"), episodes=episodes)
 
 
 @pytest.mark.slow
