@@ -47,6 +47,11 @@ if [[ "$DEVICE" == cpu && "$ROLLOUT" != hf && "$ROLLOUT" != vllm ]]; then
   echo "run_gsm8k_multiturn.sh: ROLLOUT must be hf or vllm, got '$ROLLOUT'" >&2
   exit 2
 fi
+if [[ "$DEVICE" == cpu && " $* " == *" trainer.v1.trainer_mode=separate_async "* ]]; then
+  # the same words as verl_plugin/cpu/modes.py's SEPARATE_ASYNC_ON_CPU (which a direct main_ppo call gets)
+  echo "run_gsm8k_multiturn.sh: trainer.v1.trainer_mode=separate_async does not run on the CPU: it needs a standalone rollout pool and a checkpoint engine other than naive (verl's nccl, nixl, mooncake and hccl all move weights between accelerators; verl/trainer/ppo/v1/trainer_separate_async.py:64-70); use trainer.v1.trainer_mode=colocate_async (partial rollouts across weight updates, staleness control) or sync" >&2
+  exit 2
+fi
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ "$DEVICE" == cpu && "$ROLLOUT" == vllm ]]; then
   # vLLM's CPU build and verl share an environment of their own (the first use creates it)

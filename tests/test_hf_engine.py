@@ -314,3 +314,85 @@ def test_an_idle_engine_thread_ends_so_an_unclosed_backend_is_freed(loaded: HFBa
         gc.collect()
         time.sleep(0.1)
     assert ref() is None, "an unclosed idle backend is still referenced"
+
+
+# -------------------------------------------------------------------------------------------
+# abort (verl's partial rollouts): answered with what was generated, resumable token for token
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_qwen_dir) -> HFBackend:
+    return HFBackend.from_pretrained(tiny_qwen_dir)
+
+
+async def _when_decoded(backend: HFBackend, tokens: int) -> None:
+    while backend.stats()["decoded_tokens"] < tokens:
+        await asyncio.sleep(0.001)
+
+
+def test_abort_all_answers_with_the_tokens_so_far_and_a_resume_continues_them_exactly(tiny: HFBackend) -> None:
+    """verl aborts the requests in flight before a weight update and resumes each with its prompt plus
+    the tokens it got. Aborted: running requests return a prefix of what they would have generated
+    (with its logprobs), a queued one returns nothing; the resumed requests then produce exactly the
+    rest of the uninterrupted greedy output."""
+    n = 256
+    greedy = SamplingParams(max_new_tokens=n, temperature=0.0)
+    prompts = [chat_ids(tiny.tokenizer, q) for q in QUESTIONS[:3]]
+    reference = [greedy_reference(tiny.model, p, n, tiny.stop_token_ids) for p in prompts[:2]]
+    assert all(len(r) == n for r in reference), "the tiny model stopped early: the test needs long outputs"
+
+    async def main() -> tuple[list[GenOutput], list[GenOutput], int]:
+        backend = fresh(tiny, max_batch_size=2)  # the third request waits in the queue
+        try:
+            calls = [asyncio.ensure_future(backend.generate(p, greedy)) for p in prompts]
+            await _when_decoded(backend, 12)
+            aborted_count = await backend.abort_all()
+            aborted = await asyncio.gather(*calls)
+            resumed = await asyncio.gather(*(backend.generate(p + out.token_ids, greedy.replace(
+                max_new_tokens=n - len(out.token_ids))) for p, out in zip(prompts[:2], aborted)))
+            return aborted, resumed, aborted_count
+        finally:
+            await backend.close()
+
+    aborted, resumed, count = asyncio.run(main())
+    assert count == 3 and [out.finish_reason for out in aborted] == ["abort"] * 3
+    assert aborted[2].token_ids == [] and aborted[2].logprobs == []
+    for prompt, ref, cut, rest in zip(prompts, reference, aborted, resumed):
+        k = len(cut.token_ids)
+        assert 0 < k < n and cut.token_ids == ref[:k]
+        assert rest.token_ids == ref[k:] and rest.finish_reason == "length"
+        whole = GenOutput(token_ids=ref, logprobs=None, text="", finish_reason="length")
+        torch.testing.assert_close(torch.tensor(cut.logprobs + rest.logprobs),
+                                   forward_logprobs(tiny.model, prompt, whole, 0.0), atol=1e-4, rtol=0)
+
+
+def test_a_weight_change_ends_the_requests_in_flight_instead_of_mixing_weights(tiny: HFBackend) -> None:
+    """A request must not continue with keys and values of the old weights under the new ones: a weight
+    change answers it with the tokens of the old weights (``abort``); resumed, it continues with the new."""
+    n = 256
+    greedy = SamplingParams(max_new_tokens=n, temperature=0.0)
+    prompt = chat_ids(tiny.tokenizer, QUESTIONS[0])
+    model = tiny.model
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    old_reference = greedy_reference(model, prompt, n, tiny.stop_token_ids)
+    changed = {k: v * 1.05 if v.dim() == 2 else v for k, v in original.items()}
+
+    async def main() -> tuple[GenOutput, GenOutput]:
+        backend = fresh(tiny)
+        try:
+            call = asyncio.ensure_future(backend.generate(prompt, greedy))
+            await _when_decoded(backend, 12)
+            await backend.call_between_steps(lambda: model.load_state_dict(changed))
+            cut = await call
+            rest = await backend.generate(prompt + cut.token_ids, greedy.replace(max_new_tokens=8))
+            return cut, rest
+        finally:
+            await backend.close()
+
+    try:
+        cut, rest = asyncio.run(main())
+        k = len(cut.token_ids)
+        assert cut.finish_reason == "abort" and 0 < k < n and cut.token_ids == old_reference[:k]
+        assert rest.token_ids == greedy_reference(model, prompt + cut.token_ids, 8, tiny.stop_token_ids)
+    finally:
+        model.load_state_dict(original)

@@ -191,3 +191,63 @@ def test_the_trainer_batch_puts_each_turns_reward_on_its_last_token():
                                                           config={"gamma": 0.5})
     assert ret_outcome[0, :3].tolist() == [0.5] * 3  # the late success, discounted once
     assert adv_outcome[0, 0] == pytest.approx(-0.5) and adv[0, 0] == pytest.approx(0.0)
+
+
+def test_per_turn_rewards_give_the_same_advantages_in_verls_trainer_and_in_main_ppo():
+    """``agentic.turn_rewards`` (the verl plugin) against ``algorithm.turn_rewards`` (main_ppo): the same
+    episodes, through each trainer's own path to the token-level rewards (main_ppo's ``build_batch``;
+    verl's ``AgentLoopOutput.as_dict`` with our ``task_agent`` output, the score set as verl's
+    streaming reward sets it), then verl's ``compute_advantage`` with ``turn_loo``: equal. Without the
+    setting verl sees the outcome only, and the advantages differ."""
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+    from verl.trainer.ppo import ray_trainer
+
+    import verl_agentic.verl_plugin  # noqa: F401 - what `import verl` loads through the entry point
+    from verl_agentic.trainer.batch import build_batch
+    from verl_agentic.verl_plugin.convert import to_agent_loop_output
+
+    def episode(uid: str, turn_lens: list[int], turn_rewards: list[float], score: float, k: int) -> dict:
+        ids, mask, turns, messages = [], [], [], [{"role": "user", "content": "q"}]
+        for j, (n, r) in enumerate(zip(turn_lens, turn_rewards)):
+            if j:
+                turns.append({"role": "user", "start": len(ids), "end": len(ids) + 3, "text": "again", "num_messages": 1})
+                ids += [7, 8, 9]
+                mask += [0, 0, 0]
+                messages.append({"role": "user", "content": "again"})
+            turns.append({"role": "assistant", "start": len(ids), "end": len(ids) + n, "text": "a", "reward": r,
+                          "finish_reason": "stop"})
+            ids += list(range(20, 20 + n))
+            mask += [1] * n
+            messages.append({"role": "assistant", "content": "a"})
+        return {"uid": uid, "task_type": "gsm8k", "index": 0, "sample_id": k, "prompt_ids": [1, 2, 3],
+                "response_ids": ids, "response_mask": mask, "response_logprobs": [-0.2 if m else None for m in mask],
+                "messages": messages, "turns": turns, "reward": score, "num_turns": len(turn_lens),
+                "finish_reason": "stop", "error": None, "metrics": {}, "score": score}
+
+    episodes = [episode("a", [3, 2], [0.0, 1.0], 1.0, 0), episode("a", [4], [1.0], 1.0, 1),
+                episode("a", [2, 2, 3], [0.0, 0.0, 1.0], 1.0, 2), episode("a", [2, 2], [0.5, 0.0], 0.0, 3),
+                episode("b", [5], [0.0], 0.0, 0), episode("b", [1, 4], [0.25, 1.0], 1.0, 1)]
+    uids = np.array([e["uid"] for e in episodes], dtype=object)
+    config = {"gamma": 0.9}
+
+    ours = build_batch(episodes, [e["score"] for e in episodes], pad_id=0, uids=list(uids), turn_rewards=True)
+    want, _ = compute_turn_loo_advantage(ours.token_level_scores(), ours.response_mask, index=list(uids), config=config)
+
+    def verl_advantages(turn_rewards: bool) -> torch.Tensor:
+        rows = []
+        for e in episodes:
+            out = to_agent_loop_output(e, prompt_length=8, response_length=16, logprobs_expected=False,
+                                       metrics=AgentLoopMetrics(), turn_rewards=turn_rewards)
+            out.reward_score = e["score"]  # as verl's agent-loop worker sets it (the streaming reward)
+            rows.append(out.as_dict())
+        width = ours.response_len
+        pad = lambda t: torch.nn.functional.pad(t.float(), (0, width - t.numel()))  # noqa: E731
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": torch.stack([pad(r["rm_scores"]) for r in rows]),
+                     "response_mask": torch.stack([pad(r["response_mask"]) for r in rows])},
+            non_tensors={"uid": uids})
+        return ray_trainer.compute_advantage(data, adv_estimator=NAME, config=config).batch["advantages"]
+
+    torch.testing.assert_close(verl_advantages(True), want, atol=1e-6, rtol=0)
+    assert not torch.allclose(verl_advantages(False), want)

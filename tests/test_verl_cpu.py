@@ -207,6 +207,42 @@ def test_hf_server_weight_push_is_checked_and_generation_uses_the_new_weights(hf
     assert [r["global_steps"] for r in log] == [1, 2]
 
 
+def test_hf_server_aborts_parks_and_resumes_like_verls_vllm_server(hf_server):
+    """verl's async trainers abort the requests in flight before a weight update and resume them after:
+    an aborted request returns its tokens so far (``aborted``), one that arrives behind the closed
+    gate waits for ``resume_generation`` (or is refused at once with ``reject_request``), and every
+    output carries the policy version it was generated with."""
+    prompt = [9707, 11, 1879, 0, 374]
+    long = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 200}
+
+    async def scenario():
+        await hf_server.set_global_steps(3)
+        running = asyncio.ensure_future(hf_server.generate("r0", prompt_ids=prompt, sampling_params=long))
+        while hf_server.backend.stats()["decoded_tokens"] < 8:
+            await asyncio.sleep(0.001)
+        result = await hf_server.abort_all_requests()
+        cut = await running
+        parked = asyncio.ensure_future(hf_server.generate("r1", prompt_ids=prompt, sampling_params=dict(long, max_tokens=4)))
+        await asyncio.sleep(0.3)
+        waited = not parked.done()
+        await hf_server.set_global_steps(4)  # the weight update happens while the gate is closed
+        await hf_server.resume_generation()
+        after = await parked
+        await hf_server.abort_all_requests(reject_request=True)
+        refused = await hf_server.generate("r2", prompt_ids=prompt, sampling_params=long)
+        await hf_server.resume_generation()
+        return result, cut, waited, after, refused
+
+    result, cut, waited, after, refused = asyncio.run(scenario())
+    assert result["aborted_count"] == 1
+    assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < 200 and len(cut.log_probs) == len(cut.token_ids)
+    assert cut.extra_fields == {"global_steps": 3}
+    assert waited and after.stop_reason == "completed" and len(after.token_ids) == 4
+    assert after.extra_fields == {"global_steps": 4}
+    assert refused.stop_reason == "aborted" and refused.token_ids == []
+    assert hf_server.stats()["aborted"] == 1
+
+
 # --------------------------------------------------------------------------------------------
 # the launch script
 

@@ -81,7 +81,9 @@ class GenOutput:
     token_ids: list[int]
     logprobs: Optional[list[float]]
     text: str
-    finish_reason: str  # "stop" | "length"
+    # "stop" | "length" | "abort": the backend was told to stop early (a weight update is coming;
+    # the tokens so far are valid, and ``prompt_ids + token_ids`` continues the request)
+    finish_reason: str
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):

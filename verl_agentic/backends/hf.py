@@ -11,6 +11,9 @@ Many episodes call :meth:`HFBackend.generate` concurrently. One engine thread se
         decode one token for every running request   (one forward pass, the running rows are slots 0..R-1)
         a finished or cancelled request leaves at once; its slot stays cached (idle) for its next turn
         until the KV budget needs the room: then the least recently used idle slot is dropped
+    abort_all() answers every queued or admitted request with what it has generated so far
+        (finish_reason "abort"), and so does a change of the weights: no request continues with
+        weights other than those it started with, and no cached conversation outlives them
 
 So an episode waiting for a tool or feedback holds no place in the decode batch, a new turn does not
 wait for the slowest row, and a turn re-reads the conversation's keys/values instead of recomputing
@@ -296,6 +299,12 @@ class HFBackend(GenerationBackend):
         self._wake.set()
         return await call.future
 
+    async def abort_all(self) -> int:
+        """Answer every queued or running request at once with the tokens and logprobs it has so far and
+        ``finish_reason="abort"`` (a caller resumes it by sending ``prompt_ids + token_ids``), between
+        two forward passes; returns how many were answered. The cached conversations are dropped."""
+        return await self.call_between_steps(self._abort_requests)
+
     def clear_cache(self) -> None:
         """Drop every cached conversation before the next step (thread-safe). Not needed after in-place
         weight updates through torch (an optimizer step, ``load_state_dict``): the engine sees those in
@@ -319,7 +328,8 @@ class HFBackend(GenerationBackend):
         ``decode_steps`` and the ``mean_batch_size`` (rows per decode step), tokens returned to callers,
         tokens decoded so far (live, for progress output), ``prefill_tokens`` computed and
         ``cached_tokens`` reused instead, ``evictions`` of idle cached conversations, prefill passes that
-        raised (``failed_prefills``: retried with fewer rows), the KV cache size
+        raised (``failed_prefills``: retried with fewer rows), requests answered early by an abort or a
+        weight change (``aborted``), the KV cache size
         and seconds spent in engine work (``busy_s``) and in decode steps (``decode_s``)."""
         c = self._counters
         return {
@@ -333,6 +343,7 @@ class HFBackend(GenerationBackend):
             "cached_tokens": c["cached_tokens"],
             "evictions": c["evictions"],
             "failed_prefills": c["failed_prefills"],
+            "aborted": c["aborted"],
             "kv_cache_mb": round(self._cache.nbytes / 2**20, 1),
             "busy_s": self._busy_s,
             "decode_s": self._decode_s,
@@ -454,11 +465,41 @@ class HFBackend(GenerationBackend):
                 self._post(request, self._set_result, result)
             self._clear_requested = True
 
+    def _abort_requests(self) -> int:
+        """Answer the queued and the admitted requests with ``finish_reason="abort"`` (engine thread)."""
+        self._take_inbox()
+        aborted = 0
+        for request in self._waiting:
+            if not request.cancelled:
+                self._post(request, self._deliver, GenOutput(token_ids=[], logprobs=[], text="", finish_reason="abort"))
+                aborted += 1
+        self._waiting.clear()
+        self._counters["aborted"] += aborted
+        return aborted + self._abort_admitted()
+
+    def _abort_admitted(self) -> int:
+        """Answer the admitted requests (prefilling or decoding) with what they have, ``finish_reason="abort"``."""
+        aborted = 0
+        for row in [*self._prefilling, *(self._owner[s] for s in range(self._running))]:
+            if not row.request.cancelled:
+                row.finish_reason = "abort"
+                self._finish(row)
+                aborted += 1
+        for row in self._prefilling:
+            self._free(row.slot)
+        self._prefilling.clear()
+        self._leave(list(range(self._running)), keep_cache=False)
+        self._counters["aborted"] += aborted
+        return aborted
+
     def _check_weights(self) -> None:
         """Drop the cached conversations (their keys/values are stale) and repack the linear weights when
-        the weights changed."""
+        the weights changed; a request in flight across the change is answered with what it has
+        (``finish_reason="abort"``) instead of continuing with keys and values of the old weights."""
         version = sum(p._version for p in self.model.parameters())
         if self._clear_requested or version != self._weights_version:
+            if version != self._weights_version and self._weights_version != -1:
+                self._abort_admitted()
             for slot in self._idle_slots():
                 self._free(slot)
             if self._packed is not None:

@@ -66,6 +66,15 @@ def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, ta
     return traj
 
 
+def turn_rewards(traj: dict) -> list[tuple[int, float]]:
+    """``(position in response_ids, reward)`` of each assistant turn's own reward (the task's
+    ``turn_reward``) on the turn's last token, for every assistant turn but the last, whose last token
+    carries the episode's score. The one rule of per-turn rewards in both trainers (``main_ppo``'s
+    ``algorithm.turn_rewards``, the verl plugin's ``agentic.turn_rewards``)."""
+    spoken = [t for t in traj.get("turns") or () if t.get("role") == "assistant" and t["end"] > t["start"]]
+    return [(t["end"] - 1, float(t.get("reward") or 0.0)) for t in spoken[:-1]]
+
+
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
     return write_json_lines(path, records)
 

@@ -17,6 +17,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from verl_agentic.rollout.trajectory import turn_rewards as trajectory_turn_rewards
+
 
 @dataclass
 class TrainBatch:
@@ -118,9 +120,8 @@ def build_batch(trajectories: Sequence[dict], scores: Sequence[float], pad_id: i
     if turn_rewards:
         turn_scores = torch.zeros((b, r), dtype=torch.float32)
         for i, t in enumerate(trajectories):
-            spoken = [u for u in t.get("turns") or () if u.get("role") == "assistant" and u["end"] > u["start"]]
-            for u in spoken[:-1]:
-                turn_scores[i, u["end"] - 1] += float(u.get("reward") or 0.0)
+            for pos, reward in trajectory_turn_rewards(t):
+                turn_scores[i, pos] += reward
         extra["turn_scores"] = turn_scores
     group = uids if uids is not None else [f"{t.get('uid')}#{t.get('index')}" for t in trajectories]
     return TrainBatch(

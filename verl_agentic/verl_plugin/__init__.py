@@ -43,6 +43,9 @@ from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward
 from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)
 from verl_agentic.verl_plugin import turn_advantage  # noqa: F401  (registers the turn_loo advantage estimator)
 from verl_agentic.verl_plugin import cpu as _cpu
+from verl_agentic.verl_plugin import turn_rewards as _turn_rewards
+
+_turn_rewards.install()  # per-turn rewards into verl's token-level scores, for outputs that carry them
 
 if os.environ.get("VERL_AGENTIC_WEIGHT_SYNC_GUARD", "1") != "0":
     from verl.workers.rollout import base as _rollout_base

@@ -37,6 +37,10 @@ the command line, deep-merged)::
   counted per data source in validation as ``invalid_tool_call_stop``). Default none.
 - ``monitors``: the reward-hacking and collapse monitors of verl's trainer (``verl_plugin/monitors.py``;
   not read by the loop, checked here with the rest).
+- ``turn_rewards``: put each assistant turn's own reward (the task's ``turn_reward``) on that turn's
+  last generated token in verl's token-level rewards, besides the episode's score on the last token
+  (the rule of ``main_ppo``'s ``algorithm.turn_rewards``; ``verl_plugin/turn_rewards.py``); off by
+  default (verl then sees the outcome only).
 - ``raise_on_errors``: episode error types that fail the sample instead of training on what it
   generated (default ``[generation_error]``: a server failure). verl's v1 trainer then drops the
   sample's group; the legacy trainer stops. An episode whose prompt could not be built
@@ -119,6 +123,7 @@ class TaskAgentSettings:
     max_consecutive_invalid_tool_calls: Optional[int] = None  # the rollout's default for tasks with tools
     raise_on_errors: tuple = ("generation_error",)
     monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
+    turn_rewards: bool = False
     imports: list = field(default_factory=list)  # the user's modules, imported before a task is looked up
 
     @classmethod
@@ -157,6 +162,8 @@ class TaskAgentSettings:
         if self.episode_timeout_s is not None and not (
                 isinstance(self.episode_timeout_s, (int, float)) and self.episode_timeout_s > 0):
             raise ConfigError(f"agentic.episode_timeout_s must be a number > 0, got {self.episode_timeout_s!r}")
+        if not isinstance(self.turn_rewards, bool):
+            raise ConfigError(f"agentic.turn_rewards must be true or false, got {self.turn_rewards!r}")
         if isinstance(self.raise_on_errors, str):
             raise ConfigError(f"agentic.raise_on_errors must be a list of error types, got {self.raise_on_errors!r}")
         bad = sorted(set(self.raise_on_errors) - set(ERROR_TYPES))
@@ -298,6 +305,11 @@ class TaskAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.agent_name = name or "task_agent"
         self.settings = TaskAgentSettings.from_sources(self.config.get("agentic"), agentic)
+        reward_model = (self.config.get("reward") or {}).get("reward_model") or {}
+        if self.settings.turn_rewards and reward_model.get("enable") and not reward_model.get("enable_resource_pool"):
+            raise ConfigError("agentic.turn_rewards needs verl's streaming reward (rule-based rewards, or a reward "
+                              "model with reward.reward_model.enable_resource_pool=true); a colocated reward model "
+                              "scores after the rollout, where the per-turn rewards cannot be added")
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         _warn_verl_tools_once(tools)
@@ -341,6 +353,7 @@ class TaskAgentLoop(AgentLoopBase):
         from verl_agentic.rollout.template import ChatTemplate
         from verl_agentic.rollout.trajectory import build_trajectory
 
+        started = time.time()
         row = self._row(kwargs)
         task_type, spec = self._task(row, kwargs)
         multi_turn = self.rollout_config.get("multi_turn") or {}
@@ -376,7 +389,7 @@ class TaskAgentLoop(AgentLoopBase):
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
         self._check_errors(traj, hooks, kwargs)
 
-        self._dump(traj, backend, sampling_params)
+        self._dump(traj, backend, sampling_params, started)
 
         metrics = AgentLoopMetrics(generate_sequences=backend.generate_s, tool_calls=hooks.obs_s,
                                    num_preempted=-1 if backend.num_preempted is None else backend.num_preempted)
@@ -384,6 +397,7 @@ class TaskAgentLoop(AgentLoopBase):
             traj, prompt_length=self.prompt_length, response_length=self.response_length,
             logprobs_expected=bool(sampling_params.get("logprobs", False)), metrics=metrics,
             extra_fields={"min_global_steps": backend.min_global_steps, "max_global_steps": backend.max_global_steps},
+            turn_rewards=self.settings.turn_rewards,
         )
 
     def _is_validation(self, sampling_params: dict) -> bool:
@@ -393,13 +407,16 @@ class TaskAgentLoop(AgentLoopBase):
         keys = [k for k in ("temperature", "top_p", "top_k") if k in val and val[k] != train.get(k)]
         return bool(keys) and all(sampling_params.get(k) == val[k] for k in keys)
 
-    def _dump(self, traj: dict, backend: ServerManagerBackend, sampling_params: dict) -> None:
+    def _dump(self, traj: dict, backend: ServerManagerBackend, sampling_params: dict, started: float) -> None:
         """Append the trajectory (our dump schema, the tokens as generated) to
         ``<trainer.rollout_data_dir>/rollouts/step_NNNNNN.jsonl`` (training) or
         ``<trainer.validation_data_dir or rollout_data_dir>/rollouts_val/step_NNNNNN.jsonl``
-        (validation), the layout ``python -m verl_agentic.inspect`` reads. The step is the policy
+        (validation), the layout ``python -m verl_agentic.inspect`` reads. The step is the oldest policy
         version the episode was generated with (the rollout's ``global_steps``; 0 before the first
-        update). One ``write`` per line on an append-only file: safe across agent-loop workers."""
+        update); ``policy_versions`` holds the oldest, the newest and each turn's ``[min, max]`` (an
+        async trainer's partial rollouts span several); ``timing`` the episode's start and end (wall
+        clock) and its seconds waiting for the server (the long tail of a step shows there). One
+        ``write`` per line on an append-only file: safe across agent-loop workers."""
         trainer = self.config.get("trainer") or {}
         validation = self._is_validation(sampling_params)
         root = (trainer.get("validation_data_dir") or trainer.get("rollout_data_dir")) if validation \
@@ -409,8 +426,10 @@ class TaskAgentLoop(AgentLoopBase):
         step = backend.min_global_steps if backend.min_global_steps is not None else 0
         folder = os.path.join(str(root), "rollouts_val" if validation else "rollouts")
         os.makedirs(folder, exist_ok=True)
-        line = json.dumps({**traj, "step": int(step), "agent_name": self.agent_name}, ensure_ascii=False,
-                          default=str) + "\n"
+        versions = {"min": backend.min_global_steps, "max": backend.max_global_steps, "turns": backend.turn_versions}
+        timing = {"start": round(started, 3), "end": round(time.time(), 3), "generate_s": round(backend.generate_s, 3)}
+        line = json.dumps({**traj, "step": int(step), "agent_name": self.agent_name, "policy_versions": versions,
+                           "timing": timing}, ensure_ascii=False, default=str) + "\n"
         fd = os.open(os.path.join(folder, f"step_{int(step):06d}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode("utf-8"))

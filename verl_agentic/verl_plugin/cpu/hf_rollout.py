@@ -29,6 +29,7 @@ push), so a run can show that each update reached the rollout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Generator, Optional
@@ -48,8 +49,19 @@ SERVER_NAME = "verl_agentic_hf_server_{rank}"
 
 class HFRolloutServer:
     """A rollout server (a Ray actor): ``generate`` for verl's ``LLMServerClient``, and the control
-    calls verl makes on every replica's servers (sleep, wake_up, KV cache, abort, profiling), which
-    are no-ops for an in-process model on the host."""
+    calls verl makes on every replica's servers.
+
+    Partial rollouts (verl's async trainers, ``trainer.v1.trainer_mode=colocate_async``), as verl's
+    vLLM server does them (``vllm_async_server.py``: ``abort_all_requests``, ``_park_until_admitted``,
+    ``resume_generation``): ``abort_all_requests`` closes the submission gate and answers every
+    request in flight with the tokens and logprobs it has (``stop_reason="aborted"``; verl's
+    ``FullyAsyncLLMServerClient`` resumes it with prompt + those tokens); requests arriving behind
+    the closed gate wait for ``resume_generation`` (or are answered ``aborted`` at once with
+    ``reject_request``). Every output carries the policy version its tokens came from
+    (``extra_fields["global_steps"]``, the step of the weights in use when the request was admitted;
+    the backend ends a request rather than let it continue across a weight change). Sleep, wake-up
+    and the KV-cache calls are no-ops for an in-process model on the host.
+    """
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -81,6 +93,10 @@ class HFRolloutServer:
         self.global_steps: Optional[int] = None
         self.last_state: Optional[dict[str, torch.Tensor]] = None
         self.pushes = 0
+        self._gate = asyncio.Event()  # set: requests are admitted
+        self._gate.set()
+        self._rejecting = False
+        self.aborted = 0
         logger.info("hf rollout server %d: %s (%d tensors, max batch %d)", replica_rank, path,
                     len(self.expected), self.backend.max_batch_size)
 
@@ -101,9 +117,15 @@ class HFRolloutServer:
     # -- generation -------------------------------------------------------------------------
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
+        while not self._gate.is_set():  # a weight update is under way
+            if self._rejecting:
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
+                                   extra_fields={"global_steps": self.global_steps})
+            await self._gate.wait()
+        version = self.global_steps  # the weights this request's tokens come from (see the class docstring)
         out = await self.client.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                                          image_data=image_data, video_data=video_data, **kwargs)
-        out.extra_fields = {"global_steps": self.global_steps}
+        out.extra_fields = {"global_steps": version}
         return out
 
     # -- weights ----------------------------------------------------------------------------
@@ -135,22 +157,33 @@ class HFRolloutServer:
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
 
+    # -- partial rollouts ---------------------------------------------------------------------
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
+        """Close the gate, then answer every request in flight with what it has (see the class docstring)."""
+        self._gate.clear()
+        self._rejecting = reject_request
+        aborted = await self.backend.abort_all()
+        self.aborted += aborted
+        logger.info("hf rollout server %d: aborted %d requests", self.replica_rank, aborted)
+        return {"aborted_count": aborted, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        self._rejecting = False
+        self._gate.set()
+
     # -- control calls: nothing to free or pause for an in-process model -----------------------
     async def wake_up(self, tags: Optional[list[str]] = None) -> None: ...
     async def sleep(self) -> None: ...
     async def clear_kv_cache(self) -> None: ...
     async def release_kv_cache(self) -> None: ...
     async def resume_kv_cache(self) -> None: ...
-    async def resume_generation(self) -> None: ...
     async def wait_for_requests_to_drain(self) -> None: ...
     async def start_profile(self, **kwargs: Any) -> None: ...
     async def stop_profile(self) -> None: ...
 
-    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
-        return {"aborted": 0}
-
     def stats(self) -> dict:
-        return {**self.backend.stats(), "weight_pushes": self.pushes, "global_steps": self.global_steps}
+        return {**self.backend.stats(), "weight_pushes": self.pushes, "global_steps": self.global_steps,
+                "aborted": self.aborted}
 
 
 class HFReplica(RolloutReplica):
