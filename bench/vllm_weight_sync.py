@@ -60,14 +60,10 @@ def measure(variant: str, model_dir: str, dtype: str, bucket_mb: int, repeats: i
 
     state = {k: v.float() for k, v in load_file(str(Path(model_dir) / "model.safetensors")).items()
              if k != "lm_head.weight"}
-    parts, current, size = [], [], 0
-    for name, tensor in state.items():
-        if current and size + tensor.nbytes > bucket_mb << 20:
-            parts.append(current)
-            current, size = [], 0
-        current.append((name, tensor))
-        size += tensor.nbytes
-    parts.append(current)
+    sys.path.insert(0, str(REPO / "tests"))  # va_vllm_reload: the buckets the offline reload test pushes
+    from va_vllm_reload import buckets
+
+    parts = buckets(state, bucket_mb)
 
     def sync(worker) -> float:
         start = time.perf_counter()
