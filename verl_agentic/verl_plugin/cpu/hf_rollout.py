@@ -96,7 +96,6 @@ class HFRolloutServer:
         self._gate = asyncio.Event()  # set: requests are admitted
         self._gate.set()
         self._rejecting = False
-        self.aborted = 0
         logger.info("hf rollout server %d: %s (%d tensors, max batch %d)", replica_rank, path,
                     len(self.expected), self.backend.max_batch_size)
 
@@ -162,8 +161,7 @@ class HFRolloutServer:
         """Close the gate, then answer every request in flight with what it has (see the class docstring)."""
         self._gate.clear()
         self._rejecting = reject_request
-        aborted = await self.backend.abort_all()
-        self.aborted += aborted
+        aborted = await self.backend.abort_all()  # counted in the engine's stats ("aborted")
         logger.info("hf rollout server %d: aborted %d requests", self.replica_rank, aborted)
         return {"aborted_count": aborted, "request_ids": []}
 
@@ -182,8 +180,7 @@ class HFRolloutServer:
     async def stop_profile(self) -> None: ...
 
     def stats(self) -> dict:
-        return {**self.backend.stats(), "weight_pushes": self.pushes, "global_steps": self.global_steps,
-                "aborted": self.aborted}
+        return {**self.backend.stats(), "weight_pushes": self.pushes, "global_steps": self.global_steps}
 
 
 class HFReplica(RolloutReplica):
