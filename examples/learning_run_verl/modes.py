@@ -87,7 +87,9 @@ def summarize_run(folder: Path) -> dict:
         if last > first:
             shares.append((last - statistics.median(ends)) / (last - first))
     rewards = [m.get("critic/score/mean", 0.0) for m in trained.values()]
-    batch = sum(len(g) for g in by_version.values()) / max(1, len(by_version))
+    # episodes trained a step: colocate_async rolls two batches out with one policy version, so a
+    # version's group is not a step's batch; the dump holds every trained episode once
+    batch = len(episodes) / max(1, len(trained))
     spanning = [e for e in episodes if (e.get("policy_versions") or {}).get("max") is not None
                 and e["policy_versions"]["max"] > e["policy_versions"]["min"]]
     run_info = json.loads((folder / "run.json").read_text()) if (folder / "run.json").exists() else {}
