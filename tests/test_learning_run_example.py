@@ -147,3 +147,30 @@ def test_committed_base_accuracy_is_what_its_counts_say():
             assert sum(by_problem) == m["counts"][f"{part}_correct"]
         for key in ("first_correct", "final_correct"):
             assert f"{100 * m['rates'][key]:.1f}%" in readme, (mode, key)
+
+
+def test_the_modes_summary_counts_each_trained_episode_once_and_reads_versions_and_stragglers(tmp_path):
+    """examples/learning_run_verl/modes.py on a colocate_async-shaped run: two steps trained on episodes
+    that one policy version rolled out together (dumped in one file), one episode spanning an update."""
+    spec = importlib.util.spec_from_file_location("va_modes", ROOT / "examples" / "learning_run_verl" / "modes.py")
+    modes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(modes)
+
+    run = tmp_path / "colocate_async_seed0"
+    (run / "rollouts").mkdir(parents=True)
+    metrics = [{"step": s, "data": {"timing_s/step": t, "timing_s/gen": g, "critic/score/mean": r,
+                                    "training/off_policy/trajectory_spans/max": sp}}
+               for s, t, g, r, sp in ((1, 40.0, 20.0, 0.25, 1), (2, 20.0, 0.0, 0.5, 2))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    ends = [1.0, 2.0, 3.0, 10.0]  # the last episode ends 7 s after the median (2.5) of a 10 s phase
+    episodes = [{"step": 0, "response_mask": [1] * (10 * (i + 1)), "timing": {"start": 0.0, "end": e},
+                 "policy_versions": {"min": 0, "max": 1 if i == 3 else 0, "turns": []}} for i, e in enumerate(ends)]
+    (run / "rollouts" / "step_000000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    (run / "run.json").write_text(json.dumps({"mode": "colocate_async", "wall_s": 70.0}))
+
+    row = modes.summarize_run(run)
+    assert row["steps"] == 2 and row["episodes_per_step"] == 2.0  # 4 episodes over 2 trained steps
+    assert row["episodes_per_s"] == pytest.approx(2 / 30.0, abs=1e-3) and row["step_s"] == 30.0
+    assert row["spanning_episodes"] == 1 and row["spans_max"] == 2
+    assert row["straggler_share"] == pytest.approx(0.75)  # (10 - 2.5) / 10
+    assert (row["length_p50"], row["length_max"]) == (30, 40) and row["reward_per_step"] == [0.25, 0.5]
