@@ -12,6 +12,7 @@ the command that continues it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,10 +38,11 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     rollout_config,
 )
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.record import RecordingWriter, has_recording
 from verl_agentic.reward import score_trajectories
 from verl_agentic.rollout import AsyncRollout, format_table, summarize
 from verl_agentic.rollout.async_rollout import resolve_tasks
-from verl_agentic.rollout.journal import RolloutJournal
+from verl_agentic.rollout.journal import JournalError, RolloutJournal
 from verl_agentic.rollout.trajectory import drift_summary
 from verl_agentic.tasks import get_task
 from verl_agentic.tasks.data import BadRow, load_rows, write_skipped_rows
@@ -61,6 +63,14 @@ def run_identity(c: RunConfig, rows: list[dict]) -> dict:
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
     raw["data"] = {**(raw.get("data") or {}), "rows": len(rows), "rows_sha256": digest}
     return raw
+
+
+def recording_header(c: RunConfig, backend: Any) -> dict:
+    """What a replay needs besides the episodes (``record/store.py``): the config, the tokenizer's path,
+    the stop ids, the rollout and task settings, the seed."""
+    return {"config": c.raw, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
+            "stop_token_ids": list(backend.stop_token_ids or []), "rollout": dataclasses.asdict(c.rollout),
+            "task_configs": c.task, "default_task_type": c.task_type, "seed": c.seed}
 
 
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
@@ -88,15 +98,25 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     pending = journal.pending(len(rows), n)
     if journal.resumed:
         log(f"continuing {out_dir}: {journal.resumed} of {len(rows) * n} episodes already finished")
+    record = c.output.record or has_recording(out_dir)  # a recorded run that is resumed keeps recording
+    if record and not has_recording(out_dir) and journal.resumed:
+        journal.close()
+        raise JournalError(f"output.record=true, but {out_dir} holds {journal.resumed} episodes run without a "
+                           f"recording: record into a new output.dir")
+    if record and not c.output.record:
+        log(f"{out_dir} holds a recording: the episodes run now are recorded too")
     own_backend = backend is None
     rollout = None
+    recorder = None
     try:
         if own_backend:
             t0 = time.perf_counter()
             backend = make_backend(c)
             log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+        if record:
+            recorder = RecordingWriter(out_dir, recording_header(c, backend))
         rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
-                               seed=c.seed, progress=not quiet)
+                               seed=c.seed, progress=not quiet, recorder=recorder)
         if pending:
             rollout.run_sync(rows, pending, on_episode=journal.append)
         trajectories = journal.trajectories(len(rows), n)
@@ -122,6 +142,8 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
         raise
     finally:
         journal.close()
+        if recorder is not None:
+            recorder.close()
         if scorer is not None:
             scorer.close()
         if own_backend and backend is not None:
