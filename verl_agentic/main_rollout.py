@@ -115,6 +115,10 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
             log(f"model loaded in {time.perf_counter() - t0:.1f} s")
         if record:
             recorder = RecordingWriter(out_dir, recording_header(c, backend))
+            unrecorded = set(journal.episodes) - recorder.recorded
+            if unrecorded:
+                print(f"[verl-agentic] warning: {len(unrecorded)} finished episodes of {out_dir} have no recording "
+                      f"(e.g. {min(unrecorded)}); a replay skips them", file=sys.stderr)
         rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
                                seed=c.seed, progress=not quiet, recorder=recorder)
         if pending:

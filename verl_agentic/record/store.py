@@ -54,8 +54,9 @@ class RecordingWriter:
             tmp = meta.with_name(f".{HEADER}.tmp")
             tmp.write_text(json.dumps({"format": FORMAT, **header}, indent=1, default=str))
             os.replace(tmp, meta)
-        _, self.torn_bytes = read_complete_json_lines(self.dir / EPISODES, what="a recorded episode",
-                                                      error=RecordingError)
+        done, self.torn_bytes = read_complete_json_lines(self.dir / EPISODES, what="a recorded episode",
+                                                         error=RecordingError)
+        self.recorded = {(int(r["index"]), int(r["sample_id"])) for r in done}  # the episodes it holds
         self._out: Optional[JsonLinesAppender] = None
 
     def begin(self, index: int, sample_id: int) -> Tape:
@@ -73,6 +74,7 @@ class RecordingWriter:
         if self._out is None:
             self._out = JsonLinesAppender(self.dir / EPISODES)
         self._out.append(record)
+        self.recorded.add((record["index"], record["sample_id"]))
 
     def close(self) -> None:
         if self._out is not None:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import read_json_lines
+from verl_agentic.models.embedded import EMBEDDED_NAMES, embedded_model_dir
 from verl_agentic.record import NoModel, RecordingError, Tape, find_episode, read_episodes, read_header
 from verl_agentic.replay.compare import first_difference
 from verl_agentic.reward.base import RewardConfig, make_reward_manager, score_trajectories
@@ -73,12 +74,25 @@ class _Playback:
         self.done[(traj["index"], traj["sample_id"])] = (tape, traj, seed, sampling)
 
 
+def tokenizer_path(header: dict, given: Optional[str] = None) -> str:
+    """The tokenizer to replay with: ``given``, else the recorded one when it is on this machine, else the
+    embedded model's when the run used it (``model.path`` null or ``embedded``)."""
+    if given:
+        return str(given)
+    path = header.get("tokenizer") or ""
+    if path and Path(path).exists():
+        return path
+    model = ((header.get("config") or {}).get("model") or {}).get("path")
+    if model is None or str(model).strip().lower() in EMBEDDED_NAMES:
+        return str(embedded_model_dir(quiet=True))
+    raise RecordingError(f"the recorded run's tokenizer {path!r} is not on this machine: pass --tokenizer PATH "
+                         f"(a folder with the same tokenizer)")
+
+
 def load_tokenizer(path: str) -> Any:
     # on first use: transformers is slow to import, and a test may hand its own tokenizer in
     from transformers import AutoTokenizer
 
-    if not path:
-        raise RecordingError("the recording names no tokenizer (recording.json's 'tokenizer'); pass one")
     try:
         return AutoTokenizer.from_pretrained(path)
     except OSError as e:
@@ -98,13 +112,14 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
                tokenizer: Any = None, task_configs: Optional[dict] = None) -> ReplayReport:
     """Replay the recording in ``run_dir`` (every episode, or the one ``episode`` names: ``INDEX``,
     ``INDEX/SAMPLE`` or a uid). ``live``: doors that run for real (``record.LIVE_DOORS``). ``task_configs``:
-    task sections to use instead of the recorded ones (e.g. a service's new address for ``--live http``)."""
+    task sections to use instead of the recorded ones (e.g. a service's new address for ``--live http``).
+    ``tokenizer``: a tokenizer object, or the path of one (default: ``tokenizer_path``)."""
     t0 = time.perf_counter()
     header = read_header(run_dir)
     records = [find_episode(run_dir, episode)] if episode is not None else read_episodes(run_dir)
     t_read = time.perf_counter()
-    if tokenizer is None:
-        tokenizer = load_tokenizer(header["tokenizer"])
+    if tokenizer is None or isinstance(tokenizer, (str, Path)):
+        tokenizer = load_tokenizer(tokenizer_path(header, tokenizer))
     t_tok = time.perf_counter()
     by_key = {(r["index"], r["sample_id"]): r for r in records}
     playback = _Playback(by_key, live)

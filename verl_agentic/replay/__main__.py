@@ -9,6 +9,7 @@ what), then a summary; exit 0 when no episode differs, 1 when one does, 2 on bad
     --task-config JSON  task sections to use instead of the recorded ones, e.g. a service's new url:
                         '{"swedev": {"url": "http://127.0.0.1:8100", ...}}' (the whole section)
     --scorer NAME       re-score the replayed episodes with this scorer (its kwargs: --scorer-kwargs JSON)
+    --tokenizer PATH    the tokenizer to replay with, when the recorded one is not on this machine
     --import MODULE     import a module first (one that registers the run's tasks or scorers); repeatable
     --json PATH         write each episode's result (one JSON object a line) to PATH
     --quiet             only the summary line
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task-config")
     p.add_argument("--scorer")
     p.add_argument("--scorer-kwargs")
+    p.add_argument("--tokenizer")
     p.add_argument("--import", dest="imports", action="append", default=[])
     p.add_argument("--json", dest="json_path")
     p.add_argument("--quiet", action="store_true")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--live: unknown doors {bad}; doors that can run live: {', '.join(LIVE_DOORS)}")
         import_modules(args.imports)
         task_configs = _json_arg(args.task_config, "--task-config") if args.task_config else None
-        report = replay_run(args.run_dir, episode=args.episode, live=live, task_configs=task_configs)
+        report = replay_run(args.run_dir, episode=args.episode, live=live, task_configs=task_configs,
+                            tokenizer=args.tokenizer)
         scores = None
         if args.scorer:
             kwargs = _json_arg(args.scorer_kwargs, "--scorer-kwargs") if args.scorer_kwargs else None

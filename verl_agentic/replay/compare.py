@@ -109,8 +109,11 @@ def first_difference(recorded: dict, replayed: dict, tape: Any, tokenizer: Any =
         d = tape.divergence
         detail = (f"{d['what']}: recorded {_clip(d['expected'], 300)}, replayed {_clip(d['got'], 300)}")
         found.append(_diff(d["turn"], d["door"], detail))
-    if traj is not None:  # on a tie the trajectory's difference says more (which message), unless it is
-        found.insert(0 if "turns (assistant" not in traj["detail"] else len(found), traj)  # only "fewer turns"
+    if traj is not None:
+        # on a tie the trajectory's difference says more (which message), unless it only shows where the
+        # divergence ended the episode (fewer turns, an empty prompt): then the door's says why
+        caused = "ReplayDivergence" in ((replayed.get("error") or {}).get("message") or "")
+        found.insert(len(found) if caused or "turns (assistant" in traj["detail"] else 0, traj)
     if not found:
         left = tape.unused()
         if left:
