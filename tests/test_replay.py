@@ -94,7 +94,9 @@ def test_the_recording_holds_every_turn_token_exact_and_the_seeds(gsm8k_run):
     assert len(trajs) == 6 and sorted(recs) == [(t["index"], t["sample_id"]) for t in trajs]
     for t in trajs:
         rec = recs[(t["index"], t["sample_id"])]
-        assert rec["seed"] == _sample_seed(0, t["index"], t["sample_id"]) and rec["row"]["reward_model"]
+        assert rec["seed"] == rec["ctx"]["seed"] == _sample_seed(0, t["index"], t["sample_id"])
+        assert rec["row"]["reward_model"] and rec["ctx"]["task_config"]["feedback"] == "always_verify"
+        assert rec["limits"] == {"max_turns": 3, "max_total_tokens": 2048, "episode_timeout_s": None}
         gens = [e for e in rec["events"] if e["door"] == "generate"]
         spoken = [x for x in t["turns"] if x["role"] == "assistant"]
         assert len(gens) == t["num_turns"] == len(spoken) >= 2
@@ -375,7 +377,9 @@ def test_one_episode_of_a_10000_episode_recording_in_a_second(tiny_qwen_dir, tmp
     (rec,) = _lines(small / "recording.jsonl")
     with open(big / "recording.jsonl", "w") as f:
         for i in range(10_000):
-            f.write(json.dumps({**rec, "index": i, "uid": f"gsm8k-{i}", "seed": _sample_seed(0, i, 0)}) + "\n")
+            seed = _sample_seed(0, i, 0)
+            f.write(json.dumps({**rec, "index": i, "uid": f"gsm8k-{i}", "seed": seed,
+                                "ctx": {**rec["ctx"], "seed": seed}}) + "\n")
     size_mb = (big / "recording.jsonl").stat().st_size / 1e6
     t0 = time.perf_counter()
     r = _run("verl_agentic.replay", big, "--episode", "7345")
@@ -406,3 +410,24 @@ def test_tape_refuses_unknown_modes_and_live_doors():
     assert tape.divergence["what"].startswith("tool request beyond the recording")
     with pytest.raises(RecordingError, match="no recording"):
         replay_run(REPO / "docs")
+
+
+# --- main_ppo: each step's rollout recorded ---------------------------------------------------------------
+def test_main_ppo_records_each_steps_rollout(tiny_smol_dir, tmp_path):
+    out = tmp_path / "ppo"
+    r = _run("verl_agentic.main_ppo", f"model.path={tiny_smol_dir}", "data.max_samples=8", "trainer.total_steps=2",
+             "trainer.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
+             "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=4", "task.gsm8k.feedback=always_verify",
+             "trainer.save_hf_model=false", "output.record=true", "output.quiet=true", f"output.dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for step in (1, 2):
+        folder = out / "recordings" / f"step_{step:06d}"
+        trajs = _lines(out / "rollouts" / f"step_{step:06d}.jsonl")
+        recs = _recording(folder)
+        assert len(recs) == len(trajs) == 4
+        for t in trajs:  # the recorded tokens are the ones the step trained on
+            assert recs[(t["index"], t["sample_id"])]["outcome"]["response_ids"] == t["response_ids"]
+        r = _run("verl_agentic.replay", folder)
+        assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
+    seeds = [json.loads((out / "recordings" / f"step_{s:06d}" / "recording.json").read_text())["seed"] for s in (1, 2)]
+    assert seeds[0] != seeds[1]  # each step's own sampling seed

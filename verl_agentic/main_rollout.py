@@ -12,7 +12,6 @@ the command that continues it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     rollout_config,
 )
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.record import RecordingWriter, has_recording
+from verl_agentic.record import RecordingWriter, has_recording, recording_header
 from verl_agentic.reward import score_trajectories
 from verl_agentic.rollout import AsyncRollout, format_table, summarize
 from verl_agentic.rollout.async_rollout import resolve_tasks
@@ -63,14 +62,6 @@ def run_identity(c: RunConfig, rows: list[dict]) -> dict:
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
     raw["data"] = {**(raw.get("data") or {}), "rows": len(rows), "rows_sha256": digest}
     return raw
-
-
-def recording_header(c: RunConfig, backend: Any) -> dict:
-    """What a replay needs besides the episodes (``record/store.py``): the config, the tokenizer's path,
-    the stop ids, the rollout and task settings, the seed."""
-    return {"config": c.raw, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
-            "stop_token_ids": list(backend.stop_token_ids or []), "rollout": dataclasses.asdict(c.rollout),
-            "task_configs": c.task, "default_task_type": c.task_type, "seed": c.seed}
 
 
 def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
@@ -114,7 +105,7 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
             backend = make_backend(c)
             log(f"model loaded in {time.perf_counter() - t0:.1f} s")
         if record:
-            recorder = RecordingWriter(out_dir, recording_header(c, backend))
+            recorder = RecordingWriter(out_dir, recording_header(c.raw, backend, c.rollout, c.task, c.task_type, c.seed))
             unrecorded = set(journal.episodes) - recorder.recorded
             if unrecorded:
                 print(f"[verl-agentic] warning: {len(unrecorded)} finished episodes of {out_dir} have no recording "

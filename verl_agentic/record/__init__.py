@@ -12,9 +12,10 @@ from verl_agentic.record.store import (
     has_recording,
     read_episodes,
     read_header,
+    recording_header,
 )
 from verl_agentic.record.tape import DOORS, LIVE_DOORS, ReplayDivergence, Tape, current, digest, door, using
 
 __all__ = ["DOORS", "LIVE_DOORS", "NoModel", "RecordingError", "RecordingWriter", "ReplayDivergence", "Tape",
            "TapedBackend", "current", "digest", "door", "find_episode", "has_recording", "prompt_request",
-           "read_episodes", "read_header", "using"]
+           "read_episodes", "read_header", "recording_header", "using"]

@@ -3,7 +3,9 @@
     recording.json    what the episodes need to run again: the run's config, the tokenizer (its path),
                       the stop ids, the rollout settings, each task's config, the seed
     recording.jsonl   one episode a line, appended as each one finishes (before its trajectory is):
-                      {"index", "sample_id", "uid", "task_type", "seed", "sampling", "row",
+                      {"index", "sample_id", "uid", "task_type", "seed",
+                       "ctx": {"sample_index", "max_turns", "seed", "task_config", ...}, "sampling": {...},
+                       "limits": {"max_turns", "max_total_tokens", "episode_timeout_s"}, "row",
                        "events": [{"door", "turn", "request", "answer" | "error"}],
                        "outcome": {"prompt_ids", "response_ids", "messages", "turns", "reward",
                                    "finish_reason", "error"}}
@@ -16,9 +18,11 @@ without parsing the others: each line starts with its ``index``, ``sample_id`` a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,6 +46,15 @@ def has_recording(run_dir: str | Path) -> bool:
     return (Path(run_dir) / HEADER).exists()
 
 
+def recording_header(config: dict, backend: Any, rollout: Any, task_configs: dict,
+                     default_task_type: Optional[str], seed: int) -> dict:
+    """What a replay needs besides the episodes: the run's ``config`` (as given), the tokenizer's path and
+    the stop ids of ``backend``, the rollout settings (a dataclass), the task sections, the rollout's seed."""
+    return {"config": config, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
+            "stop_token_ids": list(backend.stop_token_ids or []), "rollout": dataclasses.asdict(rollout),
+            "task_configs": task_configs, "default_task_type": default_task_type, "seed": seed}
+
+
 class RecordingWriter:
     """Appends finished episodes to ``run_dir/recording.jsonl``; writes ``recording.json`` (``header``)
     when the run has none, and keeps a resumed run's (the header of a run does not change on resume)."""
@@ -51,30 +64,35 @@ class RecordingWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self.dir / HEADER
         if not meta.exists():
-            tmp = meta.with_name(f".{HEADER}.tmp")
+            tmp = meta.with_name(f".{HEADER}.{os.getpid()}.tmp")  # writers in several processes (verl's)
             tmp.write_text(json.dumps({"format": FORMAT, **header}, indent=1, default=str))
             os.replace(tmp, meta)
         done, self.torn_bytes = read_complete_json_lines(self.dir / EPISODES, what="a recorded episode",
                                                          error=RecordingError)
         self.recorded = {(int(r["index"]), int(r["sample_id"])) for r in done}  # the episodes it holds
         self._out: Optional[JsonLinesAppender] = None
+        self._lock = threading.Lock()
 
     def begin(self, index: int, sample_id: int) -> Tape:
         """A fresh recording tape for an episode (``AsyncRollout``'s ``Recorder``)."""
         return Tape("record")
 
-    def finish(self, tape: Tape, traj: dict, *, row: dict, seed: Optional[int], sampling: Any) -> None:
-        """Write the finished episode's line (``AsyncRollout`` calls this before the trajectory is written)."""
-        self.append(tape, traj, row=row, seed=seed, sampling=sampling)
-
-    def append(self, tape: Tape, traj: dict, *, row: dict, seed: Optional[int], sampling: Any) -> None:
+    def finish(self, tape: Tape, traj: dict, *, row: dict, ctx: Any, sampling: Any, limits: Any) -> None:
+        """Write the finished episode's line: its tape, its trajectory's outcome and what it ran with
+        (``row``, the ``RolloutContext``, the ``SamplingParams``, the ``LoopLimits``; a replay runs it
+        with the same). ``AsyncRollout`` calls this before the trajectory is written."""
         record = {"index": int(traj["index"]), "sample_id": int(traj["sample_id"]), "uid": str(traj["uid"]),
-                  "task_type": traj["task_type"], "seed": seed, "sampling": sampling, "row": row,
+                  "task_type": traj["task_type"], "seed": ctx.seed,
+                  "ctx": {"sample_index": ctx.sample_index, "max_turns": ctx.max_turns, "seed": ctx.seed,
+                          "task_config": ctx.task_config,
+                          "max_consecutive_invalid_tool_calls": ctx.max_consecutive_invalid_tool_calls},
+                  "sampling": dataclasses.asdict(sampling), "limits": dataclasses.asdict(limits), "row": row,
                   "events": tape.events, "outcome": {k: traj.get(k) for k in OUTCOME_KEYS}}
-        if self._out is None:
-            self._out = JsonLinesAppender(self.dir / EPISODES)
-        self._out.append(record)
-        self.recorded.add((record["index"], record["sample_id"]))
+        with self._lock:
+            if self._out is None:
+                self._out = JsonLinesAppender(self.dir / EPISODES)
+            self._out.append(record)
+            self.recorded.add((record["index"], record["sample_id"]))
 
     def close(self) -> None:
         if self._out is not None:

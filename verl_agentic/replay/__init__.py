@@ -17,13 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
 from verl_agentic.jsonl import read_json_lines
 from verl_agentic.models.embedded import EMBEDDED_NAMES, embedded_model_dir
-from verl_agentic.record import NoModel, RecordingError, Tape, find_episode, read_episodes, read_header
+from verl_agentic.record import (
+    NoModel,
+    RecordingError,
+    Tape,
+    TapedBackend,
+    find_episode,
+    read_episodes,
+    read_header,
+    using,
+)
 from verl_agentic.replay.compare import first_difference
 from verl_agentic.reward.base import RewardConfig, make_reward_manager, score_trajectories
-from verl_agentic.rollout.async_rollout import AsyncRollout, RolloutConfig
+from verl_agentic.rollout.loops import LoopLimits
+from verl_agentic.rollout.task_spec import get_task
+from verl_agentic.rollout.template import ChatTemplate
+from verl_agentic.rollout.trajectory import build_trajectory
 
 
 @dataclass
@@ -57,21 +69,6 @@ class ReplayReport:
     @property
     def differing(self) -> list[EpisodeReplay]:
         return [e for e in self.episodes if e.difference is not None]
-
-
-class _Playback:
-    """The ``Recorder`` of a replay: each episode's tape plays its recording back."""
-
-    def __init__(self, records: dict[tuple[int, int], dict], live: Iterable[str]):
-        self.records = records
-        self.live = tuple(live)
-        self.done: dict[tuple[int, int], tuple[Tape, dict, Any, dict]] = {}
-
-    def begin(self, index: int, sample_id: int) -> Tape:
-        return Tape("replay", self.records[(index, sample_id)]["events"], live=self.live)
-
-    def finish(self, tape: Tape, traj: dict, *, row: dict, seed: Optional[int], sampling: dict) -> None:
-        self.done[(traj["index"], traj["sample_id"])] = (tape, traj, seed, sampling)
 
 
 def tokenizer_path(header: dict, given: Optional[str] = None) -> str:
@@ -108,8 +105,30 @@ def import_modules(modules: Iterable[str]) -> None:
             raise ConfigError(f"--import {m}: {e}") from None
 
 
+async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int], template: ChatTemplate, *,
+                         live: Iterable[str] = (), task_config: Optional[dict] = None) -> EpisodeReplay:
+    """Run one recorded episode's task again, every door answering from its recording (``live``: the
+    doors that run for real), with what it ran with (its row, context, sampling and limits; its task
+    section replaced by ``task_config`` when given), and compare it with the recording."""
+    task_type = record["task_type"]
+    spec = get_task(task_type)
+    c = record["ctx"]
+    ctx = RolloutContext(tokenizer=tokenizer, task_config=dict(c["task_config"] if task_config is None else task_config),
+                         sample_index=c["sample_index"], max_turns=c["max_turns"], seed=c["seed"],
+                         max_consecutive_invalid_tool_calls=c.get("max_consecutive_invalid_tool_calls"))
+    sampling = SamplingParams(**record["sampling"])
+    limits = LoopLimits(**record["limits"])
+    tape = Tape("replay", record["events"], live=live)
+    backend = TapedBackend(NoModel(tokenizer, stop_token_ids), tape)
+    with using(tape):
+        state, result = await spec.loop(spec, record["row"], ctx, backend, sampling, limits, template)
+    traj = build_trajectory(state, result, uid=record["uid"], task_type=task_type, index=record["index"],
+                            sample_id=record["sample_id"])
+    return EpisodeReplay(record, traj, first_difference(record["outcome"], traj, tape, tokenizer))
+
+
 def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iterable[str] = (),
-               tokenizer: Any = None, task_configs: Optional[dict] = None) -> ReplayReport:
+               tokenizer: Any = None, task_configs: Optional[dict] = None, concurrency: int = 16) -> ReplayReport:
     """Replay the recording in ``run_dir`` (every episode, or the one ``episode`` names: ``INDEX``,
     ``INDEX/SAMPLE`` or a uid). ``live``: doors that run for real (``record.LIVE_DOORS``). ``task_configs``:
     task sections to use instead of the recorded ones (e.g. a service's new address for ``--live http``).
@@ -121,20 +140,25 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
         tokenizer = load_tokenizer(tokenizer_path(header, tokenizer))
     t_tok = time.perf_counter()
-    by_key = {(r["index"], r["sample_id"]): r for r in records}
-    playback = _Playback(by_key, live)
-    configs = {**header["task_configs"], **(task_configs or {})}
-    rollout = AsyncRollout(NoModel(tokenizer, header["stop_token_ids"]), RolloutConfig(**header["rollout"]),
-                           task_configs=configs, default_task_type=header.get("default_task_type"),
-                           seed=header["seed"], recorder=playback)
-    rows = {r["index"]: r["row"] for r in records}
-    asyncio.run(rollout.run(rows, sorted(by_key)))
-    episodes = []
-    for key, rec in sorted(by_key.items()):
-        tape, traj, seed, sampling = playback.done[key]
-        diff = first_difference(rec["outcome"], traj, tape, tokenizer,
-                                seeds=((rec["seed"], rec["sampling"]), (seed, sampling)))
-        episodes.append(EpisodeReplay(rec, traj, diff))
+    template = ChatTemplate(tokenizer, (header.get("rollout") or {}).get("chat_template_kwargs") or {})
+    live = tuple(live)
+    overrides = dict(task_configs or {})
+    for name, cfg in overrides.items():  # a replaced section is checked as a run checks it
+        check = get_task(name).check_config
+        if check is not None:
+            check(dict(cfg))
+
+    async def all_episodes() -> list[EpisodeReplay]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(rec: dict) -> EpisodeReplay:
+            async with sem:
+                return await replay_episode(rec, tokenizer, header["stop_token_ids"], template, live=live,
+                                            task_config=overrides.get(rec["task_type"]))
+
+        return list(await asyncio.gather(*(one(r) for r in records)))
+
+    episodes = asyncio.run(all_episodes())
     t_end = time.perf_counter()
     return ReplayReport(episodes, {"read_s": t_read - t0, "tokenizer_s": t_tok - t_read,
                                    "replay_s": t_end - t_tok, "total_s": t_end - t0})
@@ -177,4 +201,5 @@ def rescore(report: ReplayReport, run_dir: str | Path, scorer: str, *, scorer_kw
             "errors": sum(1 for e in report.episodes if e.trajectory.get("score_error"))}
 
 
-__all__ = ["EpisodeReplay", "ReplayReport", "import_modules", "recorded_scores", "replay_run", "rescore"]
+__all__ = ["EpisodeReplay", "ReplayReport", "import_modules", "recorded_scores", "replay_episode", "replay_run",
+           "rescore"]

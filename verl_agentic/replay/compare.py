@@ -2,7 +2,6 @@
 
 Checked in the order an episode runs, the first difference wins:
 
-- the seed and sampling the episode got (turn 0);
 - the prompt the task built (turn 0, ``messages``);
 - each turn of the trajectory, in order: an assistant turn's token ids, text, finish reason and reward
   (``tokens``, ``reward``), then the observation that followed it (tool results, feedback, a user's
@@ -97,12 +96,9 @@ def end_difference(recorded: dict, replayed: dict) -> Optional[dict]:
     return None
 
 
-def first_difference(recorded: dict, replayed: dict, tape: Any, tokenizer: Any = None,
-                     seeds: Optional[tuple[Any, Any]] = None) -> Optional[dict]:
+def first_difference(recorded: dict, replayed: dict, tape: Any, tokenizer: Any = None) -> Optional[dict]:
     """The episode's first difference (module docstring), or None when the replay is the recording.
-    ``tape``: the replay's ``Tape``; ``seeds``: (recorded, replayed) ``(seed, sampling)``."""
-    if seeds is not None and seeds[0] != seeds[1]:
-        return _diff(0, "seed", f"recorded seed/sampling {seeds[0]}, replayed {seeds[1]}")
+    ``tape``: the replay's ``Tape``."""
     found = []
     traj = trajectory_difference(recorded, replayed, tokenizer)
     if tape.divergence is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
@@ -82,13 +81,15 @@ def resolve_tasks(rows: Sequence[dict], default_task_type: Optional[str] = None,
 
 class Recorder(Protocol):
     """Gives each episode its tape and takes it back when the episode is done (``output.record``'s
-    writer, or a replay that plays recordings back): ``begin`` returns the episode's tape (None: the
-    episode runs untaped), ``finish`` receives it with the trajectory, the row, the episode's seed and
-    its sampling (not called for an episode cancelled by a stop)."""
+    writer, ``verl_agentic.record.RecordingWriter``): ``begin`` returns the episode's tape (None: the
+    episode runs untaped), ``finish`` receives it with the trajectory and what the episode ran with: the
+    row, its context (seed, config), its sampling and its limits (not called for an episode cancelled by
+    a stop)."""
 
     def begin(self, index: int, sample_id: int) -> Optional[Tape]: ...
 
-    def finish(self, tape: Tape, traj: dict, *, row: dict, seed: Optional[int], sampling: dict) -> None: ...
+    def finish(self, tape: Tape, traj: dict, *, row: dict, ctx: RolloutContext, sampling: SamplingParams,
+               limits: LoopLimits) -> None: ...
 
 
 class AsyncRollout:
@@ -165,7 +166,7 @@ class AsyncRollout:
             bar.update(traj)
             finished = (traj["error"] or {}).get("type") != "cancelled"  # a loop that swallowed a
             if tape is not None and finished:  # cancellation did not finish its episode
-                self.recorder.finish(tape, traj, row=row, seed=ctx.seed, sampling=dataclasses.asdict(sampling))
+                self.recorder.finish(tape, traj, row=row, ctx=ctx, sampling=sampling, limits=limits)
             if on_episode is not None and finished:
                 on_episode(traj)
             return traj
