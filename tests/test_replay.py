@@ -132,8 +132,8 @@ def test_a_changed_feedback_text_is_reported_at_turn_1_and_exits_1(gsm8k_run):
 def test_one_episode_by_id_and_bad_input(gsm8k_run, tmp_path):
     r = _run("verl_agentic.replay", gsm8k_run, "--episode", "2/1")
     assert r.returncode == 0 and "replayed 1 episode of" in r.stdout, r.stdout + r.stderr
-    r = _run("verl_agentic.replay", gsm8k_run, "--episode", "gsm8k-1")  # a uid: its first sample found
-    assert r.returncode == 0 and "1 same as recorded" in r.stdout, r.stdout + r.stderr
+    r = _run("verl_agentic.replay", gsm8k_run, "--episode", "gsm8k-1")  # a prompt's uid: both its samples
+    assert r.returncode == 2 and "names several episodes" in r.stderr, r.stdout + r.stderr
     r = _run("verl_agentic.replay", gsm8k_run, "--episode", "9/0")
     assert r.returncode == 2 and "no episode '9/0'" in r.stderr
     r = _run("verl_agentic.replay", tmp_path)
@@ -431,3 +431,33 @@ def test_main_ppo_records_each_steps_rollout(tiny_smol_dir, tmp_path):
         assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
     seeds = [json.loads((out / "recordings" / f"step_{s:06d}" / "recording.json").read_text())["seed"] for s in (1, 2)]
     assert seeds[0] != seeds[1]  # each step's own sampling seed
+
+
+# --- an episode from a verl run's dump ---------------------------------------------------------------------
+def test_episodes_of_verls_agent_loop_are_recorded_beside_the_dump_and_replay(tiny_qwen_dir, tmp_path):
+    """verl's AgentLoopWorker runs our ``task_agent`` loop (as tests/test_verl_agent_loop.py does, verl's
+    real pieces in this process) with ``+agentic.record=true``; one episode of the dump is replayed."""
+    from test_verl_agent_loop import agent_config, dataset_batch, generate, make_worker
+
+    from verl_agentic.agentic_utils import preprocess
+
+    parquet = tmp_path / "gsm8k.parquet"
+    assert preprocess("gsm8k", REPO / "data" / "gsm8k" / "test.jsonl", parquet, max_samples=4) == 4
+    dump = tmp_path / "dump"
+    cfg = agent_config(tiny_qwen_dir, "+agentic.task.gsm8k.feedback=always_verify", "+agentic.max_turns=3",
+                       "+agentic.max_new_tokens=16", "+agentic.record=true", f"trainer.rollout_data_dir={dump}",
+                       response_length=128)
+    worker = make_worker(cfg, tiny_qwen_dir)
+    generate(worker, dataset_batch(worker, cfg, parquet, rows=3, n=2))
+    trajs = _lines(dump / "rollouts" / "step_000000.jsonl")
+    recs = _lines(dump / "recordings" / "step_000000" / "recording.jsonl")
+    # verl's trainer gives a prompt's n samples one sample id: the plugin's request id tells them apart
+    assert len(trajs) == 6 and len({r["episode_id"] for r in recs}) == 6
+    t = trajs[3]
+    (rec,) = [r for r in recs if r["outcome"]["response_ids"] == t["response_ids"]]
+    assert rec["uid"] == t["uid"] and rec["ctx"]["task_config"]["feedback"] == "always_verify"
+    assert rec["limits"]["max_total_tokens"] == len(t["prompt_ids"]) + 128  # the budget verl's hook set
+    r = _run("verl_agentic.replay", dump / "recordings" / "step_000000", "--episode", rec["episode_id"])
+    assert r.returncode == 0 and "1 same as recorded" in r.stdout, r.stdout + r.stderr
+    r = _run("verl_agentic.replay", dump / "recordings" / "step_000000")
+    assert r.returncode == 0 and "6 same as recorded" in r.stdout, r.stdout + r.stderr

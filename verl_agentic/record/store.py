@@ -34,7 +34,8 @@ FORMAT = "verl_agentic.recording/1"
 HEADER = "recording.json"
 EPISODES = "recording.jsonl"
 OUTCOME_KEYS = ("prompt_ids", "response_ids", "messages", "turns", "reward", "finish_reason", "error")
-_LINE_KEY = re.compile(rb'^\{"index": (\d+), "sample_id": (\d+), "uid": ("(?:[^"\\]|\\.)*")')
+_LINE_KEY = re.compile(rb'^\{"index": (\d+), "sample_id": (\d+), "uid": ("(?:[^"\\]|\\.)*"), '
+                       rb'"episode_id": (null|"(?:[^"\\]|\\.)*")')
 
 
 class RecordingError(ConfigError):
@@ -49,9 +50,11 @@ def has_recording(run_dir: str | Path) -> bool:
 def recording_header(config: dict, backend: Any, rollout: Any, task_configs: dict,
                      default_task_type: Optional[str], seed: int) -> dict:
     """What a replay needs besides the episodes: the run's ``config`` (as given), the tokenizer's path and
-    the stop ids of ``backend``, the rollout settings (a dataclass), the task sections, the rollout's seed."""
+    the stop ids of ``backend``, the rollout settings (a dataclass or a dict; a replay reads its
+    ``chat_template_kwargs``), the task sections, the rollout's seed."""
     return {"config": config, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
-            "stop_token_ids": list(backend.stop_token_ids or []), "rollout": dataclasses.asdict(rollout),
+            "stop_token_ids": list(backend.stop_token_ids or []),
+            "rollout": rollout if isinstance(rollout, dict) else dataclasses.asdict(rollout),
             "task_configs": task_configs, "default_task_type": default_task_type, "seed": seed}
 
 
@@ -77,12 +80,13 @@ class RecordingWriter:
         """A fresh recording tape for an episode (``AsyncRollout``'s ``Recorder``)."""
         return Tape("record")
 
-    def finish(self, tape: Tape, traj: dict, *, row: dict, ctx: Any, sampling: Any, limits: Any) -> None:
+    def finish(self, tape: Tape, traj: dict, *, row: dict, ctx: Any, sampling: Any, limits: Any,
+               episode_id: Optional[str] = None) -> None:
         """Write the finished episode's line: its tape, its trajectory's outcome and what it ran with
         (``row``, the ``RolloutContext``, the ``SamplingParams``, the ``LoopLimits``; a replay runs it
         with the same). ``AsyncRollout`` calls this before the trajectory is written."""
         record = {"index": int(traj["index"]), "sample_id": int(traj["sample_id"]), "uid": str(traj["uid"]),
-                  "task_type": traj["task_type"], "seed": ctx.seed,
+                  "episode_id": episode_id, "task_type": traj["task_type"], "seed": ctx.seed,
                   "ctx": {"sample_index": ctx.sample_index, "max_turns": ctx.max_turns, "seed": ctx.seed,
                           "task_config": ctx.task_config,
                           "max_consecutive_invalid_tool_calls": ctx.max_consecutive_invalid_tool_calls},
@@ -92,7 +96,7 @@ class RecordingWriter:
             if self._out is None:
                 self._out = JsonLinesAppender(self.dir / EPISODES)
             self._out.append(record)
-            self.recorded.add((record["index"], record["sample_id"]))
+            self.recorded.add((record["index"], record["sample_id"]))  # main_rollout's journal keys
 
     def close(self) -> None:
         if self._out is not None:
@@ -120,15 +124,20 @@ def read_episodes(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / EPISODES
     if not path.exists():
         raise RecordingError(f"{path} is missing: the run recorded no episode")
-    out: dict[tuple[int, int], dict] = {}
+    out: dict[tuple[int, int, str], dict] = {}
     with open(path, encoding="utf-8") as f:
         for _, rec in iter_json_lines(f, str(path), what="a recorded episode", error=RecordingError):
-            out[(rec["index"], rec["sample_id"])] = rec
+            out[episode_key(rec)] = rec
     return [out[k] for k in sorted(out)]
 
 
+def episode_key(record: dict) -> tuple[int, int, str]:
+    """What tells a recording's episodes apart: ``(index, sample_id, episode_id or "")``."""
+    return int(record["index"]), int(record["sample_id"]), record.get("episode_id") or ""
+
+
 def parse_episode_id(spec: str) -> tuple[Optional[int], Optional[int], Optional[str]]:
-    """``INDEX`` (sample 0), ``INDEX/SAMPLE``, or a uid: ``(index, sample_id, uid)``."""
+    """``INDEX`` (sample 0), ``INDEX/SAMPLE``, or a uid (or an episode id): ``(index, sample_id, uid)``."""
     m = re.fullmatch(r"(\d+)(?:/(\d+))?", spec.strip())
     if m:
         return int(m.group(1)), int(m.group(2) or 0), None
@@ -150,7 +159,11 @@ def find_episode(run_dir: str | Path, spec: str) -> dict:
             if uid is None:
                 hit = int(m.group(1)) == index and int(m.group(2)) == sample_id
             else:
-                hit = json.loads(m.group(3)) == uid
+                hit = uid in (json.loads(m.group(3)), json.loads(m.group(4)))
+            if hit and found is not None and uid is not None and _LINE_KEY.match(found).group(1, 2, 4) != \
+                    m.group(1, 2, 4):
+                raise RecordingError(f"{path}: {spec!r} names several episodes (a prompt's uid is shared by its "
+                                     f"samples): give INDEX/SAMPLE or the episode id")
             if hit:
                 found = line  # the last line of an episode counts
     if found is None:

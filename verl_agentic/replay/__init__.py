@@ -50,11 +50,12 @@ class EpisodeReplay:
 
     @property
     def key(self) -> str:
-        return f"{self.record['index']}/{self.record['sample_id']}"
+        episode = self.record.get("episode_id")
+        return f"{self.record['index']}/{self.record['sample_id']}" + (f" {episode}" if episode else "")
 
     def as_dict(self) -> dict:
         out = {"index": self.record["index"], "sample_id": self.record["sample_id"], "uid": self.record["uid"],
-               "task_type": self.record["task_type"], "same": self.difference is None, "difference": self.difference,
+               "episode_id": self.record.get("episode_id"), "task_type": self.record["task_type"], "same": self.difference is None, "difference": self.difference,
                "reward": {"recorded": self.record["outcome"]["reward"], "replayed": self.trajectory["reward"]}}
         if self.score is not None or self.recorded_score is not None:
             out["score"] = {"recorded": self.recorded_score, "rescored": self.score}
