@@ -1,7 +1,8 @@
 """Record and replay of episodes: every answer an episode receives from outside, on a tape.
 
 ``tape.py`` (the doors and the per-episode tape), ``backend.py`` (the generation backend's door),
-``store.py`` (the files beside a run's trajectories). The replay itself is ``verl_agentic.replay``.
+``store.py`` (the files beside a run's trajectories), ``probe.py`` (the tokenizer's fingerprint in the
+header). The replay itself is ``verl_agentic.replay``.
 """
 
 from verl_agentic.record.backend import NoModel, TapedBackend, prompt_request

@@ -1,7 +1,8 @@
 """A run's recording on disk, beside its trajectories (``output.record=true``)::
 
-    recording.json    what the episodes need to run again: the run's config, the tokenizer (its path),
-                      the stop ids, the rollout settings, each task's config, the seed
+    recording.json    what the episodes need to run again: the run's config, the tokenizer (its path and
+                      its fingerprint, ``probe.py``), the stop ids, the rollout settings, each task's
+                      config, the seed
     recording.jsonl   one episode a line, appended as each one finishes (before its trajectory is):
                       {"index", "sample_id", "uid", "task_type", "seed",
                        "ctx": {"sample_index", "max_turns", "seed", "task_config", ...}, "sampling": {...},
@@ -28,6 +29,7 @@ from typing import Any, Optional
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import JsonLinesAppender, iter_json_lines, read_complete_json_lines
+from verl_agentic.record.probe import tokenizer_probe
 from verl_agentic.record.tape import Tape
 
 FORMAT = "verl_agentic.recording/1"
@@ -52,8 +54,9 @@ def recording_header(config: dict, backend: Any, rollout: Any, task_configs: dic
     """What a replay needs besides the episodes: the run's ``config`` (as given), the tokenizer's path and
     the stop ids of ``backend``, the rollout settings (a dataclass or a dict; a replay reads its
     ``chat_template_kwargs``), the task sections, the rollout's seed."""
+    stop_ids = list(backend.stop_token_ids or [])
     return {"config": config, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
-            "stop_token_ids": list(backend.stop_token_ids or []),
+            "tokenizer_probe": tokenizer_probe(backend.tokenizer, stop_ids), "stop_token_ids": stop_ids,
             "rollout": rollout if isinstance(rollout, dict) else dataclasses.asdict(rollout),
             "task_configs": task_configs, "default_task_type": default_task_type, "seed": seed}
 

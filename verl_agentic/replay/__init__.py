@@ -30,7 +30,9 @@ from verl_agentic.record import (
     read_header,
     using,
 )
+from verl_agentic.record.probe import tokenizer_probe
 from verl_agentic.replay.compare import first_difference
+from verl_agentic.replay.tokenizer import LightTokenizer
 from verl_agentic.reward.base import RewardConfig, make_reward_manager, score_trajectories
 from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.task_spec import get_task
@@ -87,12 +89,21 @@ def tokenizer_path(header: dict, given: Optional[str] = None) -> str:
                          f"(a folder with the same tokenizer)")
 
 
-def load_tokenizer(path: str) -> Any:
-    # on first use: transformers is slow to import, and a test may hand its own tokenizer in
+def load_tokenizer(path: str, probe: Optional[dict] = None, stop_token_ids: Iterable[int] = ()) -> tuple[Any, str]:
+    """The tokenizer in ``path`` and how it was loaded: ``"light"`` (``replay/tokenizer.py``, without
+    transformers) when its fingerprint equals ``probe`` (the recorded tokenizer's), else ``"transformers"``."""
+    if probe:
+        try:
+            light = LightTokenizer(path)
+        except Exception:  # noqa: BLE001 - a folder it cannot serve (no tokenizer.json, ...): the slow path
+            light = None
+        if light is not None and tokenizer_probe(light, list(stop_token_ids)) == probe:
+            return light, "light"
+    # on first use: transformers (and torch) take seconds to import
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path), "transformers"
     except OSError as e:
         raise RecordingError(f"cannot load the recorded run's tokenizer {path!r}: {e}") from None
 
@@ -138,8 +149,10 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
     header = read_header(run_dir)
     records = [find_episode(run_dir, episode)] if episode is not None else read_episodes(run_dir)
     t_read = time.perf_counter()
+    kind = "given"
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
-        tokenizer = load_tokenizer(tokenizer_path(header, tokenizer))
+        tokenizer, kind = load_tokenizer(tokenizer_path(header, tokenizer), header.get("tokenizer_probe"),
+                                         header["stop_token_ids"])
     t_tok = time.perf_counter()
     template = ChatTemplate(tokenizer, (header.get("rollout") or {}).get("chat_template_kwargs") or {})
     live = tuple(live)
@@ -161,7 +174,7 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
 
     episodes = asyncio.run(all_episodes())
     t_end = time.perf_counter()
-    return ReplayReport(episodes, {"read_s": t_read - t0, "tokenizer_s": t_tok - t_read,
+    return ReplayReport(episodes, {"read_s": t_read - t0, "tokenizer_s": t_tok - t_read, "tokenizer": kind,
                                    "replay_s": t_end - t_tok, "total_s": t_end - t0})
 
 

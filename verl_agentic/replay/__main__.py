@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     n, k = len(report.episodes), len(report.differing)
     t = report.timings
     print(f"replayed {n} episode{'s' * (n != 1)} of {args.run_dir}: {n - k} same as recorded, {k} differ "
-          f"({t['total_s']:.2f} s: reading {t['read_s']:.2f}, tokenizer {t['tokenizer_s']:.2f}, "
+          f"({t['total_s']:.2f} s: reading {t['read_s']:.2f}, tokenizer {t['tokenizer_s']:.2f} ({t['tokenizer']}), "
           f"replay {t['replay_s']:.2f})")
     if scores is not None:
         mean = (lambda v: "-" if v is None else f"{v:.4f}")
