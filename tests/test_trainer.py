@@ -303,8 +303,6 @@ def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path
 
 def test_an_exception_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, capfd):
     """A scorer that breaks in step 2 (every episode masked: the trainer raises) leaves a checkpoint of step 1."""
-    import va_scorers
-
     va_scorers.CALLS["va_fails_after"] = 0
     tr = _trainer(tiny_smol_dir, tmp_path, "rollout.concurrency=1", "reward.scorer=va_fails_after",
                   "reward.scorer_kwargs={va_fails_after: {after: 6}}")

@@ -550,3 +550,35 @@ def test_swedev_unreachable_server_is_flagged(qwen25_tokenizer, samples):
     outputs = run_all(manager, make_batch(qwen25_tokenizer, samples[:2]))
     assert [o["reward_score"] for o in outputs] == [0.0, 0.0]
     assert [o["reward_extra_info"]["reward_error_type"] for o in outputs] == ["service_unavailable"] * 2
+
+
+# --------------------------------------------------------------------------------------------
+# a user's own task inside verl (issue 30): +agentic.imports, a task's own scorer, its episode reward
+
+
+def test_agentic_imports_register_a_users_scorer_and_episodes_carry_their_task_and_reward(
+        qwen25_tokenizer, tmp_path, monkeypatch):
+    from va_user_tasks import write_user_tasks
+
+    write_user_tasks(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = verl_config("reward.reward_manager.name=prime", "+reward.agentic.num_workers=1", "+agentic.imports=[my_tasks]")
+    manager = load_reward_manager(cfg, qwen25_tokenizer)
+    assert manager.settings.reward.scorer_modules == ["my_tasks"]  # prime's processes import it too
+    samples = [Sample("Say something.", "10", [assistant("A short reply of some thirty characters.")]),
+               Sample("Say something.", "20", [assistant("A much longer reply, longer than twenty characters.")]),
+               Sample("Say something.", "20", [assistant("Tiny.")])]
+    data = make_batch(qwen25_tokenizer, samples)
+    # the task_agent loop's episode field: its task, the scorer the task names, its own reward
+    data.non_tensor_batch["agentic"] = np.array([
+        {"task_type": "length_task", "reward": 0.37, "scorer": None},
+        {"task_type": "named_task", "reward": 0.5, "scorer": "my_len_scorer"},
+        {"task_type": "named_task", "reward": 0.5, "scorer": "my_len_scorer"}], dtype=object)
+    data.non_tensor_batch["data_source"] = np.array(["my/length_task", "my/named_task", "my/named_task"], dtype=object)
+    item = manager.build_item(data[0:1])
+    assert (item.task_type, item.scorer, item.episode_reward) == ("length_task", None, 0.37)
+    outputs = run_all(manager, data)
+    assert [o["reward_score"] for o in outputs] == [0.37, 1.0, 0.0]  # its reward; my_len_scorer (len > 20), twice
+    assert [o["reward_extra_info"]["reward_failed"] for o in outputs] == [0, 0, 0]
+    assert [o["reward_extra_info"]["task_reward"] for o in outputs] == [0.37, 0.5, 0.5]
+    assert manager.stats()["scored_by_episode_reward"] == 1

@@ -21,10 +21,11 @@ from typing import Any, Optional, Union
 from omegaconf import DictConfig, OmegaConf
 
 from verl_agentic.interfaces import ConfigError, check_keys, parse_section
+from verl_agentic.registry import import_modules
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.reward import REWARD_MANAGERS, RewardConfig, make_reward_manager
-from verl_agentic.reward.scorers import check_scorer_names
+from verl_agentic.reward.scorers import SCORERS, check_scorer_names
 from verl_agentic.rollout import RolloutConfig
 from verl_agentic.rollout.task_spec import TASKS
 from verl_agentic.tasks.data import BAD_ROW_POLICIES
@@ -276,6 +277,7 @@ class RunConfig:
     reward: Optional[RewardConfig]
     output: OutputConfig
     raw: dict
+    imports: tuple = ()  # the user's modules (``imports=[...]``), imported by ``parse``; Ray actors import them too
     trainer: Optional[TrainerConfig] = None
     actor: Optional[ActorConfig] = None
     algorithm: Optional[AlgorithmConfig] = None
@@ -288,8 +290,11 @@ class RunConfig:
             return cfg
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         raw.pop("hydra", None)
-        top = ("task_type", "seed", "model", "data", "rollout", "task", "reward", "output", *TRAINING_SECTIONS)
+        top = ("imports", "task_type", "seed", "model", "data", "rollout", "task", "reward", "output",
+               *TRAINING_SECTIONS)
         check_keys(raw, top, "top-level config")
+        # the user's modules first: what they register (tasks, scorers, tools) is checked below
+        imports = tuple(m.__name__ for m in import_modules(raw.get("imports"), "imports"))
         task_type, seed = raw.get("task_type"), raw.get("seed", 0)
         if not isinstance(task_type, str) or not task_type:
             raise ConfigError(f"task_type must be a task name, got {task_type!r}")
@@ -314,24 +319,34 @@ class RunConfig:
             data=parse_section(DataConfig, raw.get("data"), "data"),
             rollout=rollout, generation=generation,
             task={k: dict(v or {}) for k, v in task.items()},
-            reward=_reward_config(raw.get("reward"), default_progress=not output.quiet),
-            output=output, raw=raw,
+            reward=_reward_config(raw.get("reward"), default_progress=not output.quiet, imports=imports),
+            output=output, raw=raw, imports=imports,
             **{name: parse_section(section, raw[name], name)
                for name, section in TRAINING_SECTIONS.items() if name in raw},
         )
 
 
-def _reward_config(section: Optional[dict], default_progress: bool) -> Optional[RewardConfig]:
+def _reward_config(section: Optional[dict], default_progress: bool, imports: tuple = ()) -> Optional[RewardConfig]:
     r = dict(section or {"manager": "none"})
     if r.get("manager") in (None, "none"):
         return None
     if r.get("progress") is None:
         r["progress"] = default_progress
+    # the user's modules may register scorers: prime's worker processes import them as scorer modules
+    r["scorer_modules"] = list(dict.fromkeys([*(r.get("scorer_modules") or []), *imports]))
     reward = RewardConfig.from_dict(r)
     manager = REWARD_MANAGERS.get(reward.manager)  # an unknown name lists the registered ones now, not when scoring starts
     if manager.local_scorers:  # a remote service has scorers of its own
         check_scorer_names(reward.scorer, reward.scorer_kwargs, reward.scorer_modules)
     return reward
+
+
+def check_task_scorers(resolved: list) -> None:
+    """A task that names its scorer (``TaskSpec.scorer``) names a registered one: checked before the model loads."""
+    for name, spec in dict(resolved).items():
+        if spec.scorer and spec.scorer not in SCORERS:
+            raise ConfigError(f"task {name!r} names the scorer {spec.scorer!r}, which is not registered; registered: "
+                              f"{', '.join(SCORERS.names())} (imports=[your_module] registers your own)")
 
 
 # ----------------------------------------------------------------------------------------------

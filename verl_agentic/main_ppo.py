@@ -20,7 +20,8 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.main_rollout import StopSignals, continue_command, run_or_exit
+from verl_agentic.config import CONFIG_DIR
+from verl_agentic.main_rollout import StopSignals, call_hydra_main, continue_command, run_or_exit
 
 
 def train(cfg: DictConfig, signals: Optional[StopSignals] = None) -> list[dict]:
@@ -63,14 +64,16 @@ def _continue_training(cfg: DictConfig) -> str:
                                                    "trainer.resume=true")
 
 
-@hydra.main(config_path="config", config_name="ppo", version_base=None)
+# config_path absolute: see main_rollout (called from a user's script, "config" would name config.py)
+@hydra.main(config_path=CONFIG_DIR, config_name="ppo", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     signals = StopSignals()
     run_or_exit(lambda c: train(c, signals), cfg, _continue_training, signals)
 
 
-def main() -> None:
-    _hydra_main()
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m verl_agentic.main_ppo [key=value ...]``, or ``main([...])`` from a script (see main_rollout)."""
+    call_hydra_main(_hydra_main, argv)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     CONFIG_DIR,
     REPO_ROOT,
     RunConfig,
+    check_task_scorers,
     load_config,
     make_backend,
     resolve_data_path,
@@ -39,6 +40,7 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.record import RecordingWriter, has_recording, recording_header
 from verl_agentic.reward import score_trajectories
+from verl_agentic.reward.scorers import EPISODE_REWARD
 from verl_agentic.rollout import AsyncRollout, format_table, summarize
 from verl_agentic.rollout.async_rollout import resolve_tasks
 from verl_agentic.rollout.journal import JournalError, RolloutJournal
@@ -74,8 +76,10 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     data_path = resolve_data_path(c.data.path)
     skipped: list[BadRow] = []
     rows = load_rows(data_path, c.task_type, c.data.max_samples, on_bad_row=c.data.on_bad_row, skipped=skipped)
-    resolve_tasks(rows, c.task_type, c.task)  # before the model loads
+    resolved = resolve_tasks(rows, c.task_type, c.task)  # before the model loads
     scorer = reward_manager(c)  # config errors (unknown manager, missing url) before the model loads
+    if scorer is not None and scorer.local_scorers:
+        check_task_scorers(resolved)
     out_dir = Path(c.output.dir)
     n = c.rollout.n
     journal = RolloutJournal(out_dir, run_identity(c, rows))  # another run's outputs: refused before the model loads
@@ -127,6 +131,12 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
             trajectories = journal.trajectories(len(rows), n)
             reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0,
                               "scored_now": len(todo), **scorer.stats()}
+            by_reward = sorted({t["task_type"] for t in trajectories
+                                if (t.get("score_extra") or {}).get("scored_by") == EPISODE_REWARD})
+            if by_reward:  # every run says it, a resumed one too (the counters above are this run's)
+                reward_summary["scored_by_episode_reward_tasks"] = by_reward
+                log(f"no scorer is registered for task(s) {', '.join(by_reward)}: their episodes are scored by "
+                    f"their own episode reward (register_scorer(NAME) or a task's scorer attribute changes that)")
             unreached = len(journal.unscored(trajectories))
             if unreached:
                 print(f"[verl-agentic] warning: {unreached} episodes could not be scored (the reward service was "
@@ -241,13 +251,31 @@ def _continue_rollout(cfg: DictConfig) -> str:
     return "to continue, run: " + continue_command("verl_agentic.main_rollout", sys.argv[1:], str(cfg.output.dir))
 
 
-@hydra.main(config_path="config", config_name="rollout", version_base=None)
+def call_hydra_main(hydra_main: Any, argv: Optional[list[str]]) -> None:
+    """Run a CLI's ``@hydra.main`` function on ``argv`` (overrides such as ``task_type=my_task``;
+    None: the command line's). What lets a user's script call ``main([...])``."""
+    if argv is None:
+        hydra_main()
+        return
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "verl_agentic", *argv]
+    try:
+        hydra_main()
+    finally:
+        sys.argv = saved
+
+
+# config_path: the folder's absolute path, not "config": called from a user's script, hydra would look
+# for a package verl_agentic.config, which is config.py, a module ("Primary config module not found")
+@hydra.main(config_path=CONFIG_DIR, config_name="rollout", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     run_or_exit(run, cfg, _continue_rollout)
 
 
-def main() -> None:
-    _hydra_main()
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m verl_agentic.main_rollout [key=value ...]``, or from a script: ``main(["imports=[my_tasks]",
+    "task_type=my_task", ...])`` (``argv`` None: the command line's arguments)."""
+    call_hydra_main(_hydra_main, argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,33 @@ from verl_agentic.interfaces import ConfigError
 
 T = TypeVar("T")
 
+IMPORTS_HINT = ("every process that runs tasks or scorers imports it (Ray's workers and prime's processes too): "
+                "run from the folder that holds it (the working directory is on sys.path, Ray's workers' too) "
+                "or add that folder to PYTHONPATH")
+
+
+def import_modules(modules: Any, key: str = "imports") -> list:
+    """Import each module named in ``modules`` (a name or a list of names): their import registers
+    tasks, scorers, tools, interactions. The ``imports`` option of ``main_rollout`` and ``main_ppo``,
+    ``+agentic.imports`` of the verl plugin and ``reward.scorer_modules`` all come here. A name that
+    does not import is a ``ConfigError`` naming ``key``, the module and the cause."""
+    if modules is None:
+        return []
+    names = [modules] if isinstance(modules, str) else list(modules)
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{key} must be a list of module names, got {modules!r}")
+        name = name.strip()
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError as e:
+            missing = getattr(e, "name", None)
+            not_found = missing is not None and (name == missing or name.startswith(missing + "."))
+            cause = f"{e}; {IMPORTS_HINT}" if not_found else f"importing it raised {type(e).__name__}: {e}"
+            raise ConfigError(f"{key}: cannot import {name!r}: {cause}") from e
+    return out
+
 
 def describe_definition(obj: Any) -> str:
     """``module.qualname (file:line)`` of a function/class, for error messages."""

@@ -11,12 +11,22 @@ with a changed import (``from verl_agentic.interactions import BaseInteraction``
 ``generate_response`` sees the whole conversation (OpenAI-style messages, the last one the
 assistant's) and returns the next user message; ``should_terminate`` ends the episode (the
 response is then not sent). ``score`` is that turn's reward.
+
+What a verl <= 0.7 class can count on, attribute for attribute (docs/migrating.md): ``self.config``
+(the YAML entry's ``config`` with ``name`` added), ``self.name`` (the entry's name; default
+``"interaction_agent"``, verl's), ``start_interaction`` returning the given id or a new uuid string,
+``generate_response(instance_id, messages, **interaction_kwargs)`` with the row's
+``extra_info.interaction_kwargs``, and ``calculate_score`` / ``finalize_interaction`` in either of verl's
+shapes: with the instance id (verl's subclasses) or without it (verl's base class); ``call_with_instance``
+calls both. Ours adds: ``calculate_score`` is the episode's reward (verl ignored it), and
+``finalize_interaction`` always runs, also after errors and cancellation.
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl_agentic.interfaces import check_keys
 
@@ -29,13 +39,13 @@ class BaseInteraction:
 
     def __init__(self, config: Optional[dict] = None):
         self.config = dict(config or {})
-        self.name: str = self.config.get("name") or type(self).__name__
+        self.name: str = self.config.get("name") or "interaction_agent"  # verl's default
         if self.CONFIG_KEYS is not None:
             check_keys(self.config, ("name", *self.CONFIG_KEYS), f"interaction {self.name!r} ({type(self).__name__}) config")
         self._instance_dict: dict[str, dict] = {}
 
     async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:
-        instance_id = instance_id or uuid.uuid4().hex
+        instance_id = instance_id or str(uuid.uuid4())
         if instance_id in self._instance_dict:
             raise ValueError(f"interaction instance {instance_id!r} already exists")
         self._instance_dict[instance_id] = dict(kwargs)
@@ -57,3 +67,13 @@ class BaseInteraction:
             if m.get("role") == "assistant":
                 return m.get("content") or ""
         return ""
+
+
+async def call_with_instance(method: Callable, instance_id: str) -> Any:
+    """``await method(instance_id)``, or ``await method()`` for a method declared without it: verl's
+    base class declared ``calculate_score(self)`` and ``finalize_interaction(self)``, its subclasses
+    ``(self, instance_id, **kwargs)``; classes written for verl come in both shapes."""
+    params = inspect.signature(method).parameters.values()
+    takes_id = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+    result = method(instance_id) if takes_id else method()
+    return await result if inspect.isawaitable(result) else result

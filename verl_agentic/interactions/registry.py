@@ -97,6 +97,13 @@ def load_interactions(config: Union[str, Path, dict, list, None]) -> Interaction
         name = entry.get("name") or _default_name(entry["class_name"])
         if name in out:
             raise ConfigError(f"interaction name {name!r} is configured twice (interaction[{i}])")
-        cls = INTERACTION_CLASSES.get_or_import(entry["class_name"])
+        try:
+            cls = INTERACTION_CLASSES.get_or_import(entry["class_name"])
+        except ConfigError as e:
+            if "verl.interactions" not in str(e):
+                raise
+            raise ConfigError(f"{e}. verl removed verl.interactions in 0.8: in {entry['class_name']!r}'s module change "
+                              "`from verl.interactions.base import BaseInteraction` to `from verl_agentic.interactions "
+                              "import BaseInteraction` (docs/migrating.md)") from None
         out[name] = cls({**(entry.get("config") or {}), "name": name})
     return Interactions(out)

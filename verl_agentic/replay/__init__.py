@@ -11,13 +11,12 @@ with another scorer and sets the score beside the recorded one.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
+from verl_agentic.interfaces import RolloutContext, SamplingParams
 from verl_agentic.jsonl import read_json_lines
 from verl_agentic.models.embedded import EMBEDDED_NAMES, embedded_model_dir
 from verl_agentic.record import (
@@ -33,6 +32,7 @@ from verl_agentic.record import (
 from verl_agentic.record.probe import tokenizer_probe
 from verl_agentic.replay.compare import first_difference
 from verl_agentic.replay.tokenizer import LightTokenizer
+from verl_agentic.registry import import_modules
 from verl_agentic.reward.base import RewardConfig, make_reward_manager, score_trajectories
 from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.task_spec import get_task
@@ -108,13 +108,11 @@ def load_tokenizer(path: str, probe: Optional[dict] = None, stop_token_ids: Iter
         raise RecordingError(f"cannot load the recorded run's tokenizer {path!r}: {e}") from None
 
 
-def import_modules(modules: Iterable[str]) -> None:
-    """Import modules whose import registers tasks or scorers (a run's own, not entry points)."""
-    for m in modules:
-        try:
-            importlib.import_module(m)
-        except ImportError as e:
-            raise ConfigError(f"--import {m}: {e}") from None
+def recorded_imports(header: dict) -> list[str]:
+    """The modules the recorded run imported for its own tasks and scorers (``imports``; the verl
+    plugin's ``agentic.imports``): a replay imports them too."""
+    config = header.get("config") or {}
+    return [*(config.get("imports") or []), *((config.get("agentic") or {}).get("imports") or [])]
 
 
 async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int], template: ChatTemplate, *,
@@ -135,7 +133,7 @@ async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int]
     with using(tape):
         state, result = await spec.loop(spec, record["row"], ctx, backend, sampling, limits, template)
     traj = build_trajectory(state, result, uid=record["uid"], task_type=task_type, index=record["index"],
-                            sample_id=record["sample_id"])
+                            sample_id=record["sample_id"], scorer=spec.scorer)
     return EpisodeReplay(record, traj, first_difference(record["outcome"], traj, tape, tokenizer))
 
 
@@ -147,6 +145,7 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
     ``tokenizer``: a tokenizer object, or the path of one (default: ``tokenizer_path``)."""
     t0 = time.perf_counter()
     header = read_header(run_dir)
+    import_modules(recorded_imports(header), "the recorded run's imports")
     records = [find_episode(run_dir, episode)] if episode is not None else read_episodes(run_dir)
     t_read = time.perf_counter()
     kind = "given"
@@ -215,5 +214,5 @@ def rescore(report: ReplayReport, run_dir: str | Path, scorer: str, *, scorer_kw
             "errors": sum(1 for e in report.episodes if e.trajectory.get("score_error"))}
 
 
-__all__ = ["EpisodeReplay", "ReplayReport", "import_modules", "recorded_scores", "replay_episode", "replay_run",
+__all__ = ["EpisodeReplay", "ReplayReport", "recorded_imports", "recorded_scores", "replay_episode", "replay_run",
            "rescore"]

@@ -10,7 +10,8 @@ what), then a summary; exit 0 when no episode differs, 1 when one does, 2 on bad
                         '{"swedev": {"url": "http://127.0.0.1:8100", ...}}' (the whole section)
     --scorer NAME       re-score the replayed episodes with this scorer (its kwargs: --scorer-kwargs JSON)
     --tokenizer PATH    the tokenizer to replay with, when the recorded one is not on this machine
-    --import MODULE     import a module first (one that registers the run's tasks or scorers); repeatable
+    --import MODULE     import a module first (one that registers tasks or scorers; the run's own ``imports``
+                        are imported by themselves); repeatable
     --json PATH         write each episode's result (one JSON object a line) to PATH
     --quiet             only the summary line
 """
@@ -24,7 +25,8 @@ import sys
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import write_json_lines
 from verl_agentic.record import LIVE_DOORS
-from verl_agentic.replay import import_modules, replay_run, rescore
+from verl_agentic.registry import import_modules
+from verl_agentic.replay import replay_run, rescore
 
 
 def _json_arg(text: str, what: str) -> dict:
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = [d for d in live if d not in LIVE_DOORS]
         if bad:
             raise ConfigError(f"--live: unknown doors {bad}; doors that can run live: {', '.join(LIVE_DOORS)}")
-        import_modules(args.imports)
+        import_modules(args.imports, "--import")
         task_configs = _json_arg(args.task_config, "--task-config") if args.task_config else None
         report = replay_run(args.run_dir, episode=args.episode, live=live, task_configs=task_configs,
                             tokenizer=args.tokenizer)

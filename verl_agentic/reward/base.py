@@ -38,7 +38,7 @@ from verl_agentic.reward.items import (  # noqa: F401 - RewardItem, RewardResult
     item_from_trajectory,
     normalize_score,
 )
-from verl_agentic.reward.scorers import import_scorer_modules
+from verl_agentic.reward.scorers import EPISODE_REWARD, import_scorer_modules
 
 
 @dataclass
@@ -136,6 +136,8 @@ class RewardManager(ABC):
             self.config.apply_policy(r)
             self._counts["items"] += 1
             self._counts[f"error/{r.error.type}" if r.error else "ok"] += 1
+            if r.extra.get("scored_by") == EPISODE_REWARD:  # no scorer registered for its task
+                self._counts["scored_by_episode_reward"] += 1
         return results
 
     def score(self, trajectories: Sequence[dict]) -> list[RewardResult]:
@@ -148,7 +150,8 @@ class RewardManager(ABC):
         return await asyncio.to_thread(self.score_items, items)
 
     def stats(self) -> dict:
-        """Counters since creation: items, ok, error/<type>, busy_s."""
+        """Counters since creation: items, ok, error/<type>, scored_by_episode_reward (samples with no scorer
+        registered, scored by their task's own reward), busy_s."""
         return {**dict(self._counts), "busy_s": round(self._busy_s, 4)}
 
     def close(self) -> None:

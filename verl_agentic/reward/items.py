@@ -48,7 +48,8 @@ class RewardItem:
     data_source: Optional[str] = None
     task_type: Optional[str] = None
     extra_info: dict = field(default_factory=dict)
-    scorer: Optional[str] = None  # an explicit scorer name; else data_source, then task_type
+    scorer: Optional[str] = None  # an explicit scorer name (the item's or its task's); else data_source, then task_type
+    episode_reward: Optional[float] = None  # the task's own reward: the score when no scorer is registered for it
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +67,9 @@ class RewardItem:
         for key in ("data_source", "task_type", "scorer"):
             if d.get(key) is not None and not isinstance(d[key], str):
                 raise ValueError(f"{where}: field {key!r} must be a string or null")
+        reward = d.get("episode_reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise ValueError(f"{where}: field 'episode_reward' must be a number or null")
         if d.get("extra_info") is not None and not isinstance(d["extra_info"], dict):
             raise ValueError(f"{where}: field 'extra_info' must be an object or null")
         return cls(**{**d, "extra_info": d.get("extra_info") or {}})
@@ -171,5 +175,7 @@ def item_from_trajectory(traj: dict, solution: str = "last_assistant", where: st
     text = (texts[-1] if texts else "") if solution == "last_assistant" else "\n".join(texts)
     extra = dict(traj.get("extra_info") or {})
     extra.setdefault("num_turns", traj.get("num_turns"))
+    reward = traj.get("reward")
     return RewardItem(solution_str=text, ground_truth=traj["ground_truth"], data_source=traj.get("data_source"),
-                      task_type=traj.get("task_type"), extra_info=extra)
+                      task_type=traj.get("task_type"), extra_info=extra, scorer=traj.get("scorer"),
+                      episode_reward=None if reward is None else float(reward))

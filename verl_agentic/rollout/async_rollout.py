@@ -162,7 +162,7 @@ class AsyncRollout:
                 with using(tape):
                     state, result = await spec.loop(spec, row, ctx, backend, sampling, limits, self.template)
             traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
-                                    task_type=task_type, index=index, sample_id=sample_id)
+                                    task_type=task_type, index=index, sample_id=sample_id, scorer=spec.scorer)
             bar.update(traj)
             finished = (traj["error"] or {}).get("type") != "cancelled"  # a loop that swallowed a
             if tape is not None and finished:  # cancellation did not finish its episode

@@ -45,6 +45,9 @@ class TaskSpec:
     ``loop(task, row, ctx, backend, sampling, limits, template)`` to ``ids_agent_loop``.
     ``check_config(task_config)``, optional, validates the task's config section once before
     any episode runs (raise ``ConfigError``), so a typo fails fast instead of in every episode.
+    ``scorer``, optional: the registered scorer (``register_scorer``) that scores this task's episodes
+    whatever their ``data_source``; without one (and none registered under the data source or the task's
+    name) a reward manager scores an episode by its own reward, ``end``'s ``EpisodeResult.reward``.
     """
 
     start: Callable
@@ -54,11 +57,14 @@ class TaskSpec:
     loop: Optional[Callable] = None
     check_config: Optional[Callable[[dict], Any]] = None
     name: str = ""
+    scorer: Optional[str] = None
 
     def __post_init__(self) -> None:
         for field_name in ("start", "obs", "end"):
             if not callable(getattr(self, field_name)):
                 raise ConfigError(f"TaskSpec.{field_name} must be callable, got {getattr(self, field_name)!r}")
+        if self.scorer is not None and (not isinstance(self.scorer, str) or not self.scorer):
+            raise ConfigError(f"TaskSpec.scorer must be a scorer's name, got {self.scorer!r}")
         if self.gen is None:
             object.__setattr__(self, "gen", default_gen)
         if self.loop is None:
@@ -76,7 +82,7 @@ def _spec_from_class(cls: type, name: str) -> TaskSpec:
     return TaskSpec(
         start=instance.start, obs=instance.obs, end=instance.end,
         gen=getattr(instance, "gen", None), loop=getattr(instance, "loop", None),
-        check_config=getattr(instance, "check_config", None), name=name,
+        check_config=getattr(instance, "check_config", None), name=name, scorer=getattr(instance, "scorer", None),
     )
 
 

@@ -5,7 +5,7 @@ A trajectory is a plain dict (one JSON line), see docs/rollouts.md ("Trajectorie
     {"uid", "task_type", "index", "sample_id", "data_source", "ground_truth", "extra_info",
      "prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages", "turns",
      "reward", "num_turns", "finish_reason", "error", "metrics"}
-    (+ "tools" when the episode had tools; + "score", "score_extra", "score_error" once a
+    (+ "tools" when the episode had tools; + "scorer" when its task names one; + "score", "score_extra", "score_error" once a
     reward manager scored it, see ``verl_agentic.reward``)
 
 ``check_drift`` verifies a trajectory against the chat template:
@@ -36,7 +36,7 @@ from verl_agentic.rollout.template import ChatTemplate
 
 
 def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, task_type: str,
-                     index: int, sample_id: int) -> dict:
+                     index: int, sample_id: int, scorer: Optional[str] = None) -> dict:
     metrics = {**state.metrics, **result.metrics}
     row = state.row or {}
     traj = {
@@ -61,6 +61,8 @@ def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, ta
     }
     if state.tools:
         traj["tools"] = state.tools
+    if scorer:  # the task names its scorer (TaskSpec.scorer)
+        traj["scorer"] = scorer
     return traj
 
 

@@ -19,6 +19,7 @@ Both registries find the built-in tasks' entries through the ``verl_agentic.task
 CLI (writes parquet or jsonl, by the output's suffix)::
 
     python -m verl_agentic.tasks.data gsm8k data/gsm8k/test.jsonl out/gsm8k_test.parquet
+    python -m verl_agentic.tasks.data --imports my_task my_task raw.jsonl rows.parquet   # a task of yours
 
 (``python -m verl_agentic.agentic_utils`` is the same command under its first name.)
 """
@@ -35,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import iter_json_lines, write_json_lines
-from verl_agentic.registry import Registry
+from verl_agentic.registry import Registry, import_modules
 from verl_agentic.rollout.task_spec import ENTRY_POINT_GROUP
 
 PROMPT_GENERATOR: Registry[Callable[[dict], list[dict]]] = Registry(
@@ -282,6 +283,8 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m verl_agentic.t
     ap.add_argument("task_type", help=f"one of: {', '.join(PREPROCESS_DATASET.names())}")
     ap.add_argument("input", help=".jsonl / .json / .parquet file or datasets folder")
     ap.add_argument("output", help="output .parquet or .jsonl")
+    ap.add_argument("--imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first: its tasks' preprocessors register (repeatable)")
     ap.add_argument("--max-samples", type=int, default=None)
     ap.add_argument("--on-bad-row", choices=BAD_ROW_POLICIES, default="fail",
                     help="fail (default): stop at the first bad row, naming it; skip: leave bad rows out "
@@ -289,6 +292,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m verl_agentic.t
     args = ap.parse_args(argv)
     skipped: list[BadRow] = []
     try:
+        import_modules(args.imports, "--imports")
         n = preprocess(args.task_type, args.input, args.output, args.max_samples, on_bad_row=args.on_bad_row,
                        skipped=skipped)
     except ConfigError as e:

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_agentic.interactions import load_interactions
+from verl_agentic.interactions import call_with_instance, load_interactions
 from verl_agentic.interfaces import (
     EpisodeResult,
     EpisodeState,
@@ -151,10 +151,11 @@ async def tool_agent_end(state: EpisodeState) -> EpisodeResult:
         await task.runner.close()
         if task.interaction is not None and task.interaction_id is not None:
             reward = float(await door("interaction", {"method": "calculate_score"},
-                                      lambda: task.interaction.calculate_score(task.interaction_id)))
+                                      lambda: call_with_instance(task.interaction.calculate_score,
+                                                                 task.interaction_id)))
     finally:
         if task.interaction is not None and task.interaction_id is not None:
-            await task.interaction.finalize_interaction(task.interaction_id)
+            await call_with_instance(task.interaction.finalize_interaction, task.interaction_id)
     right = [s >= 1.0 for s in task.scores]
     metrics = {**task.runner.metrics(), "feedback_turns": float(task.feedback_turns),
                "flips_wrong_to_right": float(sum(1 for a, b in zip(right, right[1:]) if not a and b)),

@@ -45,13 +45,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import verl_agentic.trainer.checkpoint as ckpt
 from verl_agentic.backends.hf import HFBackend, hf_options
-from verl_agentic.config import RunConfig, resolve_data_path, reward_manager, reward_settings
+from verl_agentic.config import RunConfig, check_task_scorers, resolve_data_path, reward_manager, reward_settings
 from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS, ConfigError
 from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.monitors import batch_summary, from_metrics, heldout_summary, make_monitors, merge, numeric
-from verl_agentic.reward import score_trajectories
 from verl_agentic.record import RecordingWriter, recording_header
+from verl_agentic.reward import REWARD_MANAGERS, score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
 from verl_agentic.rollout.async_rollout import resolve_tasks
 from verl_agentic.tasks import get_task
@@ -301,7 +301,7 @@ class PPOTrainer:
         self.skipped_rows: list[BadRow] = []  # data.on_bad_row=skip: written to output.dir/skipped_rows.jsonl
         self.rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples,
                               on_bad_row=c.data.on_bad_row, skipped=self.skipped_rows)
-        resolve_tasks(self.rows, c.task_type, self.task_configs)
+        resolved = resolve_tasks(self.rows, c.task_type, self.task_configs)
         self.val_rows: list[dict] = []
         if c.data.val_path:
             self.val_rows = load_rows(resolve_data_path(c.data.val_path), c.task_type, c.data.val_max_samples,
@@ -315,6 +315,8 @@ class PPOTrainer:
         self.scorer_config = reward_settings(c, progress=False)  # checked now, not in the Ray actor
         # with Ray the reward manager lives in its actor (its process pool too), not here
         self.scorer = None if self.use_ray else reward_manager(c)
+        if c.reward is not None and REWARD_MANAGERS.get(c.reward.manager).local_scorers:
+            check_task_scorers(resolved)  # a task's own scorer name: before the model loads
         self.out_dir = Path(c.output.dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # written first, so tools (the inspector) can read a run that is still going

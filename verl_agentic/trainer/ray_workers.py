@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from verl_agentic.backends.hf import HFBackend
+from verl_agentic.registry import import_modules
 from verl_agentic.reward import RewardConfig, make_reward_manager, score_trajectories
 from verl_agentic.record import RecordingWriter
 from verl_agentic.rollout import AsyncRollout
@@ -29,9 +30,11 @@ class RolloutWorker:
     """Runs ``AsyncRollout`` against an HF backend of its own (a Ray actor)."""
 
     def __init__(self, model_config: Any, tokenizer: Any, rollout_cfg: Any, task_configs: dict,
-                 default_task_type: str, max_batch_size: int, seed: int, hf_options: dict | None = None) -> None:
+                 default_task_type: str, max_batch_size: int, seed: int, hf_options: dict | None = None,
+                 imports: tuple = ()) -> None:
         from transformers import AutoModelForCausalLM
 
+        import_modules(imports, "imports")  # the user's tasks register in this process too
 
         config = copy.deepcopy(model_config)
         # the trainer's backend may have switched the model to our grouped attention, which is
@@ -94,7 +97,7 @@ class RayWorkers:
         self._ray = ray
         self.rollout = ray.remote(RolloutWorker).options(num_cpus=0).remote(
             trainer.model.config, trainer.tokenizer, trainer.rollout_cfg, trainer.task_configs, c.task_type,
-            c.generation.max_batch_size, c.seed, trainer.hf_options)
+            c.generation.max_batch_size, c.seed, trainer.hf_options, c.imports)
         self.reward = None
         if trainer.scorer_config is not None:
             self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)

@@ -27,10 +27,17 @@ With ``VERL_PLATFORM=cpu`` it also switches verl's trainer to the CPU (``verl_pl
 the platform, FSDP engines for "cpu", two patches and the ``hf`` rollout); otherwise that code
 is not even imported.
 
+In verl's trainer process it first checks the command line for verl <= 0.7 keys that verl 0.9.1 no
+longer has (``verl_plugin/removed_keys.py``) and stops with their replacements.
+
 Keep this module small: it runs in every process that imports verl.
 """
 
 import os
+
+from verl_agentic.verl_plugin import removed_keys as _removed_keys
+
+_removed_keys.check_command_line()  # verl 0.7's keys that 0.9.1 lacks: their replacement, not hydra's "not in struct"
 
 from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
 from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)

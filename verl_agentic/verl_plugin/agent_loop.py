@@ -17,6 +17,9 @@ the command line, deep-merged)::
         actor_rollout_ref.rollout.agent.default_agent_loop=task_agent \\
         +agentic.task_type=gsm8k +agentic.task.gsm8k.feedback=verify +agentic.max_turns=3
 
+- ``imports``: your modules (``+agentic.imports=[my_tasks]``), imported in every agent-loop worker
+  before a task is looked up, and by our reward managers in every reward-loop worker (and prime's
+  processes) as ``scorer_modules``: a task and its scorer in a module of your own, no package needed.
 - ``task_type``: the task of rows without a ``task_type`` column value (a row's own wins).
 - ``task``: ``{task_type: {key: value}}``, each task's config section, exactly what
   ``task.<name>`` is in ``python -m verl_agentic.main_rollout`` (e.g. gsm8k's ``feedback``,
@@ -97,6 +100,7 @@ from verl_agentic.interfaces import (
 )
 from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.record import RecordingWriter, Tape, TapedBackend, recording_header, using
+from verl_agentic.registry import import_modules
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 
@@ -124,6 +128,7 @@ class TaskAgentSettings:
     raise_on_errors: tuple = ("generation_error",)
     monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
     turn_rewards: bool = False
+    imports: list = field(default_factory=list)  # the user's modules, imported before a task is looked up
     record: bool = False  # record every episode for replay, beside the dump (see the module docstring)
 
     @classmethod
@@ -149,6 +154,8 @@ class TaskAgentSettings:
         return settings
 
     def _check(self) -> None:
+        # first: the user's modules register the tasks (and scorers) named below, in this agent-loop worker
+        self.imports = [m.__name__ for m in import_modules(self.imports, "agentic.imports")]
         if self.task_type is not None and (not isinstance(self.task_type, str) or not self.task_type):
             raise ConfigError(f"agentic.task_type must be a task name, got {self.task_type!r}")
         if not isinstance(self.task, dict) or not all(isinstance(v, dict) for v in self.task.values()):
@@ -393,7 +400,7 @@ class TaskAgentLoop(AgentLoopBase):
             state, result = await spec.loop(task, row, ctx, backend if tape is None else TapedBackend(backend, tape),
                                             sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
-                                task_type=task_type, index=int(index or 0), sample_id=sample_id)
+                                task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
         if tape is not None:  # before the errors are checked: an episode that fails its sample is recorded too
             self._record(tape, traj, backend, sampling_params, row=row, ctx=ctx, sampling=sampling, limits=limits,
                          episode_id=request_id)

@@ -117,7 +117,7 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
     turns = traj["turns"]
     agentic = {
         "uid": traj["uid"], "task_type": traj["task_type"], "sample_id": traj["sample_id"],
-        "reward": traj["reward"], "num_assistant_turns": traj["num_turns"],
+        "reward": traj["reward"], "scorer": traj.get("scorer"), "num_assistant_turns": traj["num_turns"],
         "finish_reason": traj["finish_reason"], "error": traj["error"], "metrics": dict(traj["metrics"]),
         "turns": turns, "messages": traj["messages"], "tools": traj.get("tools"),
         "extra_info": traj.get("extra_info") or {},

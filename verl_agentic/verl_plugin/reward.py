@@ -26,7 +26,7 @@ verl's config is in struct mode). Every key of ``verl_agentic.reward.RewardConfi
 ``manager`` (implied by the registered name; if given it must agree):
 
 - ``scorer`` (force one scorer), ``scorer_kwargs`` ({scorer: {kwarg: value}}), ``scorer_modules``
-  (modules to import so their scorers register, also in prime workers)
+  (modules to import so their scorers register, also in prime workers; ``+agentic.imports`` are added)
 - ``solution``: ``last_assistant`` (default) | ``all_assistant`` (see "What is scored")
 - ``timeout_s`` (per sample, default 30), ``failure_policy`` (mask | zero | penalty), ``penalty``
 - prime: ``num_workers`` (pool size, 0 = all CPUs), ``memory_limit_mb``, ``straggler_s``
@@ -180,6 +180,12 @@ def settings_from_verl_config(config: Any, manager: str) -> AdapterSettings:
     if unknown:
         known = sorted(set(RewardConfig.__dataclass_fields__) - {"manager"}) + list(ADAPTER_KEYS)
         raise ConfigError(f"unknown reward.agentic keys {sorted(unknown)}; known: {known}")
+    # +agentic.imports (the task_agent loop's modules) may register scorers: imported as scorer modules
+    agentic = _to_plain(config.get("agentic")) if config is not None else None
+    imports = agentic.get("imports") if isinstance(agentic, dict) else None
+    if imports:
+        imports = [imports] if isinstance(imports, str) else list(imports)
+        raw["scorer_modules"] = list(dict.fromkeys([*(raw.get("scorer_modules") or []), *imports]))
     reward = RewardConfig.from_dict({**raw, "manager": manager})
     if manager in ("remote", "swedev") and not reward.url:
         raise ConfigError(f"our {manager!r} reward manager needs the reward server's address: "
@@ -403,9 +409,16 @@ class _AgenticRewardManager(RewardManagerBase):
             extra["num_turns"] = _plain_json(nt["__num_turns__"])
         data_source = nt.get("data_source")
         task_type = nt.get("task_type")
+        # a task_agent episode: its task (which may name its scorer) and its own reward (the score when
+        # no scorer is registered for it)
+        agentic = agentic if isinstance(agentic, dict) else {}
+        task_type = task_type if task_type is not None else agentic.get("task_type")
+        reward = agentic.get("reward")
         return RewardItem(solution_str=text, ground_truth=_plain_json(reward_model["ground_truth"]),
                           data_source=None if data_source is None else str(data_source),
-                          task_type=None if task_type is None else str(task_type), extra_info=extra)
+                          task_type=None if task_type is None else str(task_type), extra_info=extra,
+                          scorer=agentic.get("scorer") or None,
+                          episode_reward=None if reward is None else float(reward))
 
     # -- result -> verl ----------------------------------------------------------------------
     def to_verl(self, result: RewardResult, agentic: Any = None) -> dict:

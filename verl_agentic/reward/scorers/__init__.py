@@ -1,8 +1,11 @@
 """Scorers: ``score(solution_str, ground_truth, extra_info, **kwargs) -> float | dict``, by name.
 
-A scorer is picked per sample, polymorphically: the item's explicit ``scorer`` (or the manager's
-``reward.scorer``) if set, else the one registered under its ``data_source``, else under its
-``task_type``. Register your own::
+A scorer is picked per sample, polymorphically: the item's explicit ``scorer`` (the one its task
+names, ``TaskSpec.scorer``; or the manager's ``reward.scorer``) if set, else the one registered under
+its ``data_source``, else under its ``task_type``. A sample that names no scorer and has none
+registered under those names is scored by its task's own episode reward (``EpisodeResult.reward``),
+its result's extra saying ``scored_by: episode_reward`` (counted by the managers as
+``scored_by_episode_reward``). Register your own::
 
     from verl_agentic.reward.scorers import register_scorer
 
@@ -23,12 +26,13 @@ import importlib
 from typing import Any, Callable, Iterable, Optional
 
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.registry import Registry
+from verl_agentic.registry import Registry, import_modules
 from verl_agentic.reward.items import RewardItem, ScoreError, normalize_score
 
 SCORERS: Registry[Callable[..., Any]] = Registry("scorer", "verl_agentic.scorers")
 _PRELOAD: set[str] = set()
 _CANONICAL: dict[str, str] = {}  # alias -> the name it was registered with
+EPISODE_REWARD = "episode_reward"  # result.extra["scored_by"] of a sample scored by its task's own reward
 
 
 def register_scorer(name: str, fn: Optional[Callable] = None, *, aliases: Iterable[str] = (),
@@ -56,11 +60,7 @@ def preload_modules() -> None:
 def import_scorer_modules(modules: Iterable[str]) -> None:
     """Import ``modules`` (whose import registers scorers). The built-in scorers (gsm8k's, swedev's)
     need none: ``SCORERS`` finds them through the ``verl_agentic.scorers`` entry points."""
-    for m in modules or ():
-        try:
-            importlib.import_module(m)
-        except ImportError as e:
-            raise ConfigError(f"reward.scorer_modules: cannot import {m!r}: {e}") from e
+    import_modules(modules or (), "reward.scorer_modules")
 
 
 def check_scorer_names(scorer: Optional[str], scorer_kwargs: dict, modules: Iterable[str] = ()) -> None:
@@ -92,7 +92,12 @@ def run_scorer(item: RewardItem, override: Optional[str] = None,
     """
     if not isinstance(item.solution_str, str):
         raise ScoreError("bad_input", f"solution_str must be a string, got {type(item.solution_str).__name__}")
-    name = resolve_scorer(item, override)
+    try:
+        name = resolve_scorer(item, override)
+    except ScoreError:
+        if item.episode_reward is None or item.scorer or override:
+            raise  # a scorer named but not registered is an error, never a silent fallback
+        return float(item.episode_reward), {"scored_by": EPISODE_REWARD}
     fn = SCORERS[name]
     # kwargs may be keyed by the scorer's name or by the alias that selected it
     kwargs = (scorer_kwargs or {}).get(name) or (scorer_kwargs or {}).get(_CANONICAL.get(name, name)) or {}

@@ -1,0 +1,122 @@
+"""Issue 30's "done when": a user's tasks in a folder outside the repository, through ``main_rollout`` and
+through verl 0.9.1's trainer on the CPU (one GRPO step), with ``imports``; and docs/migrating.md's verl
+command (a verl <= 0.7 interaction YAML and dataset) in the same verl run.
+
+The verl run: ``DEVICE=cpu scripts/run_gsm8k_multiturn.sh`` (verl's ``main_ppo`` with Ray, FSDP2 over
+gloo, our ``hf`` rollout) with the page's overrides plus ``+agentic.imports=[my_tasks]``, run from the
+user's folder (Ray's workers get the driver's working directory on their ``sys.path``; the tests
+folder is not on ``PYTHONPATH``), scored by the ``prime`` manager, whose processes import ``my_tasks``
+for its scorer. About 1.5 minutes on 2 cores (marked ``slow``): one step of 4 prompts x 2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from va_docs import command_argv, marked_blocks, write_files
+from va_testing import REPO
+from va_user_tasks import expected_score, user_env, write_user_tasks
+
+SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
+PAGE = REPO / "docs" / "migrating.md"
+
+
+def _verl_overrides(page_command: str) -> list[str]:
+    """The page's ``main_ppo`` overrides, as appended to the launch script: a ``+key`` the script already
+    appends is set without the ``+`` (hydra refuses to append a key twice)."""
+    argv = command_argv(page_command)
+    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"], argv[:3]
+    script = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True,
+                            env={**user_env(), "DEVICE": "cpu"}, check=True).stdout.split()
+    appended = {o.split("=", 1)[0] for o in script if o.startswith("+")}
+    return [o[1:] if o.split("=", 1)[0] in appended else o for o in argv[3:]]
+
+
+def _user_rows(folder) -> list[dict]:
+    """The user's rows (my_tasks' two tasks) in verl's dataset layout."""
+    rows = []
+    for i, line in enumerate((folder / "rows.jsonl").read_text().splitlines()):
+        raw = json.loads(line)
+        rows.append({"data_source": raw["data_source"], "ability": "demo", "task_type": raw["task_type"],
+                     "prompt": [{"role": "user", "content": raw["prompt"]}],
+                     "reward_model": {"style": "rule", "ground_truth": raw["ground_truth"]},
+                     "extra_info": {"index": i, "interaction_kwargs": None}})
+    return rows
+
+
+@pytest.mark.slow
+def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_dir, tmp_path):
+    folder = tmp_path / "my_project"  # outside the repository
+    write_user_tasks(folder, rows=2)
+    files, runs = marked_blocks(PAGE)
+    write_files(files, folder)  # the migration guide's interaction class, YAML and dataset script
+
+    # 1. main_rollout, imports=[my_tasks]
+    r = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_tasks]",
+                        f"model.path={tiny_qwen_dir}", "data.path=rows.jsonl", "rollout.max_new_tokens=8",
+                        "reward.manager=prime", "reward.num_workers=1", "output.dir=rollout_out", "output.quiet=true"],
+                       cwd=folder, env=user_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    trajs = [json.loads(x) for x in (folder / "rollout_out" / "trajectories.jsonl").read_text().splitlines()]
+    assert [t["task_type"] for t in trajs] == ["length_task", "named_task"]
+    assert all(t["score_error"] is None and t["score"] == pytest.approx(expected_score(t)) for t in trajs)
+
+    # 2. verl's trainer: the page's dataset (2 interaction rows) after the user's 2 rows, one step of 4 prompts
+    made = subprocess.run(command_argv(runs["make_rows"]), cwd=folder, env=user_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    rows = pd.concat([pd.DataFrame(_user_rows(folder)), pd.read_parquet(folder / "rows.parquet")], ignore_index=True)
+    rows.to_parquet(folder / "rows.parquet")
+    unused = folder / "unused"  # the script's own gsm8k files: present, so it does not make them
+    unused.mkdir()
+    for split in ("train", "test"):
+        rows.to_parquet(unused / f"{split}.parquet")
+    out = folder / "verl_out"
+    env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(unused), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *_verl_overrides(runs["verl"]), "+agentic.imports=[my_tasks]",
+         "agentic.max_new_tokens=24", "data.train_batch_size=4", "data.shuffle=false", "data.val_max_samples=4",
+         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+         "trainer.save_freq=-1", "reward.reward_manager.name=prime", "+reward.agentic.num_workers=1"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
+    (tmp_path / "verl.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+
+    # our dump of the step's episodes (step_000000: the policy that generated them) and verl's (each sample's
+    # score, decoded text; its uid is the episode's uid plus the sample): the same 4 prompts x rollout.n=2
+    episodes = [json.loads(x) for x in (out / "rollouts" / "step_000000.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
+    assert sorted(t["task_type"] for t in episodes) == ["length_task"] * 2 + ["named_task"] * 2 + ["tool_agent"] * 4
+    assert len(samples) == 8
+    groups: dict[str, dict] = {}
+    for t in episodes:
+        groups.setdefault(t["uid"], {"episodes": [], "scores": []})["episodes"].append(t)
+    for s in samples:
+        groups[s["uid"].rsplit("_", 2)[0]]["scores"].append(s["score"])
+    seen = set()
+    for group in groups.values():
+        eps, scores = group["episodes"], sorted(group["scores"])
+        task = eps[0]["task_type"]
+        seen.add(task)
+        assert len(eps) == len(scores) == 2
+        if task == "length_task":  # no scorer: scored by its own episode reward (4 B floats in verl's tensor)
+            assert all(t["num_turns"] == 2 and t["reward"] == pytest.approx(expected_score(t)) for t in eps)
+            assert scores == pytest.approx(sorted(t["reward"] for t in eps), abs=1e-6)
+        elif task == "named_task":  # its own scorer, registered by my_tasks in prime's processes, not its reward
+            assert all(t["scorer"] == "my_len_scorer" and t["reward"] == 0.5 for t in eps)
+            assert scores == sorted(expected_score(t) for t in eps)
+        else:  # the verl <= 0.7 interaction: answered each wrong answer; calculate_score is the episode's reward
+            for t in eps:
+                answers = [m["content"] for m in t["messages"] if m["role"] == "assistant"]
+                replies = [m["content"] for m in t["messages"][1:] if m["role"] == "user"]
+                wrong = [t["ground_truth"] not in a for a in answers]
+                assert replies == ["Your response is incorrect! You need to reflect on your answer and try "
+                                   "again."] * sum(wrong[:-1])
+                assert t["reward"] == float(not wrong[-1])
+            assert scores == sorted(t["reward"] for t in eps)  # no scorer for my/arith: that reward
+    assert seen == {"length_task", "named_task", "tool_agent"}
