@@ -463,3 +463,23 @@ def test_episodes_of_verls_agent_loop_are_recorded_beside_the_dump_and_replay(ti
     assert r.returncode == 0 and "1 same as recorded" in r.stdout, r.stdout + r.stderr
     r = _run("verl_agentic.replay", dump / "recordings" / "step_000000")
     assert r.returncode == 0 and "6 same as recorded" in r.stdout, r.stdout + r.stderr
+
+
+# --- a user's own tasks (imports=[...]): the replay imports what the run imported ---------------------------
+def test_a_users_own_tasks_replay_without_naming_their_module(tiny_qwen_dir, tmp_path):
+    from va_user_tasks import user_env, write_user_tasks
+
+    folder = tmp_path / "my_project"  # outside the repository, not on PYTHONPATH
+    data = write_user_tasks(folder)
+    r = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_tasks]", f"model.path={tiny_qwen_dir}",
+                        f"data.path={data}", "task_type=length_task", "rollout.max_new_tokens=8", "reward.manager=naive",
+                        "output.record=true", "output.quiet=true", "output.dir=out"],
+                       capture_output=True, text=True, cwd=folder, env=user_env(), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "verl_agentic.replay", "out"], capture_output=True, text=True, cwd=folder,
+                       env=user_env(), timeout=600)
+    assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
+    # re-scored with the user's scorer (registered by the same module): named_task's own, length_task by it too
+    r = subprocess.run([sys.executable, "-m", "verl_agentic.replay", "out", "--scorer", "my_len_scorer"],
+                       capture_output=True, text=True, cwd=folder, env=user_env(), timeout=600)
+    assert r.returncode == 0 and "re-scored with my_len_scorer: 4/4 scored" in r.stdout, r.stdout + r.stderr

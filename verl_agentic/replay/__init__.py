@@ -192,7 +192,8 @@ def rescore(report: ReplayReport, run_dir: str | Path, scorer: str, *, scorer_kw
     score, else the episode's reward). Returns a summary: means and how many scores changed."""
     manager = make_reward_manager(RewardConfig(manager="naive", scorer=scorer,
                                                scorer_kwargs={scorer: dict(scorer_kwargs or {})},
-                                               scorer_modules=list(scorer_modules)))
+                                               scorer_modules=[*recorded_imports(read_header(run_dir)),
+                                                               *scorer_modules]))
     try:
         trajs = [e.trajectory for e in report.episodes]
         score_trajectories(trajs, manager)
