@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,9 +36,9 @@ from verl_agentic.tasks import TaskSpec, register_task
 COMMITTED = REPO / "tests" / "assets" / "replay" / "gsm8k_feedback"
 
 
-def _run(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(module: str, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout)
+                          cwd=REPO, timeout=timeout, env=env)
 
 
 def _lines(path: Path) -> list[dict]:
@@ -173,9 +174,10 @@ def test_a_resumed_run_keeps_recording(gsm8k_run, tiny_qwen_dir, tmp_path):
 
 def test_committed_recording_replays_identically():
     """The regression test: a committed recording of the embedded model (tests/assets/replay/README.md)."""
-    r = _run("verl_agentic.replay", COMMITTED)
+    r = _run("verl_agentic.replay", COMMITTED, "--score")  # the scores too (reward.manager=naive, gsm8k's scorer)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "replayed 4 episodes" in r.stdout and "4 same as recorded, 0 differ" in r.stdout
+    assert "re-scored with the run's reward.manager=naive: 4/4 scored" in r.stdout and "0 changed" in r.stdout
 
 
 # --- a changed task, caught at the turn it changed --------------------------------------------------------
@@ -294,7 +296,7 @@ def test_python_tool_results_are_recorded_and_answered_from_the_recording(python
     assert r.returncode == 1 and "turn 1: tool differ: tool answer differs from the recording" in r.stdout, r.stdout
 
 
-def test_rescoring_with_another_scorer(python_tool_run):
+def test_rescoring_with_another_scorer(python_tool_run, tmp_path):
     """The recorded episodes scored 1.0 (flexible extraction: the last number); the strict scorer wants
     ``#### 18`` and scores them 0.0."""
     r = _run("verl_agentic.replay", python_tool_run, "--episode", "0", "--scorer", "gsm8k")
@@ -306,6 +308,21 @@ def test_rescoring_with_another_scorer(python_tool_run):
     assert recorded == {0: 1.0, 1: 0.0}  # problem 0's answer is 18, problem 1's is not
     assert "episode 0/0 (gsm8k-0): score 1.0 -> 0.0 (gsm8k)" in r.stdout
     assert "mean 0.5000 recorded -> 0.0000, 1 changed, 0 scorer errors" in r.stdout
+
+    # --score: scored again as the run did (its reward section): the same scores, exit 0 ...
+    r = _run("verl_agentic.replay", python_tool_run, "--score")
+    assert r.returncode == 0 and "re-scored with the run's reward.manager=naive: 2/2 scored" in r.stdout, r.stdout
+    assert "0 changed" in r.stdout
+    # ... and a scorer that changed since (here: gsm8k's replaced by a module) is the episode's difference
+    (tmp_path / "changed_scorer.py").write_text(
+        "import verl_agentic.tasks.gsm8k.scorer  # the built-in one first, then replaced\n"
+        "from verl_agentic.reward.scorers import register_scorer\n"
+        "register_scorer('gsm8k', lambda s, gt, extra_info=None, **kw: 0.5, aliases=('openai/gsm8k',), replace=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = _run("verl_agentic.replay", python_tool_run, "--score", "--import", "changed_scorer", env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "episode 0/0 (gsm8k-0): turn 2: score differ: recorded 1.0, re-scored 0.5" in r.stdout, r.stdout
+    assert "episode 1/0 (gsm8k-1): turn 2: score differ: recorded 0.0, re-scored 0.5" in r.stdout, r.stdout
 
 
 # --- swedev against its real service ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ rm -rf "$RUN"
 set -x
 "$PYTHON" -m verl_agentic.main_rollout data.max_samples=2 rollout.n=2 rollout.max_turns=3 rollout.max_new_tokens=48 \
   task.gsm8k.feedback=always_verify reward.manager=naive output.record=true output.quiet=true output.dir="$RUN" || exit 1
-"$PYTHON" -m verl_agentic.replay "$RUN"                                     # exit 0: every episode as recorded
+"$PYTHON" -m verl_agentic.replay "$RUN" --score                     # exit 0: every episode (and score) as recorded
 "$PYTHON" -m verl_agentic.replay "$RUN" --task-config \
   '{"gsm8k": {"feedback": "always_verify", "verify_message": "Check your answer once more."}}'  # exit 1: turn 1
 "$PYTHON" -m verl_agentic.replay "$RUN" --episode 1/0 --json "$RUN/replay_1_0.jsonl"   # one episode

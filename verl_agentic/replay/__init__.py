@@ -185,30 +185,46 @@ def recorded_scores(run_dir: str | Path) -> dict[tuple[int, int], Optional[float
     return {(t["index"], t["sample_id"]): t.get("score") for t in read_json_lines(path, what="a trajectory")}
 
 
-def rescore(report: ReplayReport, run_dir: str | Path, scorer: str, *, scorer_kwargs: Optional[dict] = None,
-            scorer_modules: Iterable[str] = ()) -> dict:
-    """Score the replayed episodes with ``scorer`` (a registered scorer's name) through the naive
-    manager; each episode's ``score`` is the new one, ``recorded_score`` the run's (its reward manager's
-    score, else the episode's reward). Returns a summary: means and how many scores changed."""
-    manager = make_reward_manager(RewardConfig(manager="naive", scorer=scorer,
-                                               scorer_kwargs={scorer: dict(scorer_kwargs or {})},
-                                               scorer_modules=[*recorded_imports(read_header(run_dir)),
-                                                               *scorer_modules]))
+def rescore(report: ReplayReport, run_dir: str | Path, scorer: Optional[str] = None, *,
+            scorer_kwargs: Optional[dict] = None, scorer_modules: Iterable[str] = ()) -> dict:
+    """Score the replayed episodes and set each one's ``score`` beside ``recorded_score`` (the run's: its
+    reward manager's score, else the episode's reward). Returns a summary: means, how many changed.
+
+    ``scorer``: a registered scorer's name, through the ``naive`` manager (re-scoring with a new scorer:
+    a report, the episodes' differences stay as they are). None: the run's own ``reward`` section, as
+    recorded (a regression check of the scoring: a score that changed is the episode's difference, at its
+    last turn, when nothing differed before)."""
+    header = read_header(run_dir)
+    modules = [*recorded_imports(header), *scorer_modules]
+    if scorer is None:
+        reward = dict((header.get("config") or {}).get("reward") or {})
+        if reward.get("manager") in (None, "none"):
+            raise RecordingError(f"{run_dir}: the run was not scored (no reward section, or reward.manager=none): "
+                                 f"re-score with --scorer NAME")
+        config = RewardConfig.from_dict({**reward, "progress": False,
+                                         "scorer_modules": [*(reward.get("scorer_modules") or []), *modules]})
+    else:
+        config = RewardConfig(manager="naive", scorer=scorer, scorer_kwargs={scorer: dict(scorer_kwargs or {})},
+                              scorer_modules=modules)
+    manager = make_reward_manager(config)
     try:
-        trajs = [e.trajectory for e in report.episodes]
-        score_trajectories(trajs, manager)
+        score_trajectories([e.trajectory for e in report.episodes], manager)
     finally:
         manager.close()
     before = recorded_scores(run_dir)
     for e in report.episodes:
-        key = (e.record["index"], e.record["sample_id"])
-        e.recorded_score = before.get(key)
+        e.recorded_score = before.get((e.record["index"], e.record["sample_id"]))
         if e.recorded_score is None:
             e.recorded_score = e.record["outcome"]["reward"]
         e.score = e.trajectory.get("score")
+        if scorer is None and e.difference is None and e.score != e.recorded_score:
+            turns = sum(1 for t in e.trajectory["turns"] if t["role"] == "assistant")
+            e.difference = {"turn": turns, "what": "score", "detail": f"recorded {e.recorded_score!r}, re-scored "
+                            f"{e.score!r} (reward.manager={config.manager}; {e.trajectory.get('score_error')})"}
     pairs = [(e.recorded_score, e.score) for e in report.episodes]
     scored = [(a, b) for a, b in pairs if b is not None]
-    return {"scorer": scorer, "episodes": len(pairs), "scored": len(scored),
+    return {"scorer": scorer or f"the run's reward.manager={config.manager}", "episodes": len(pairs),
+            "scored": len(scored),
             "recorded_mean": sum(a for a, _ in scored) / len(scored) if scored else None,
             "rescored_mean": sum(b for _, b in scored) / len(scored) if scored else None,
             "changed": sum(1 for a, b in scored if a != b),

@@ -8,6 +8,8 @@ what), then a summary; exit 0 when no episode differs, 1 when one does, 2 on bad
                         interaction, http (comma-separated; default: all answered from the recording)
     --task-config JSON  task sections to use instead of the recorded ones, e.g. a service's new url:
                         '{"swedev": {"url": "http://127.0.0.1:8100", ...}}' (the whole section)
+    --score             re-score the replayed episodes as the run did (its reward section); a changed score
+                        is a difference (at the episode's last turn)
     --scorer NAME       re-score the replayed episodes with this scorer (its kwargs: --scorer-kwargs JSON)
     --tokenizer PATH    the tokenizer to replay with, when the recorded one is not on this machine
     --import MODULE     import a module first (one that registers tasks or scorers; the run's own ``imports``
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episode")
     p.add_argument("--live", default="")
     p.add_argument("--task-config")
+    p.add_argument("--score", action="store_true")
     p.add_argument("--scorer")
     p.add_argument("--scorer-kwargs")
     p.add_argument("--tokenizer")
@@ -62,21 +65,23 @@ def main(argv: list[str] | None = None) -> int:
         report = replay_run(args.run_dir, episode=args.episode, live=live, task_configs=task_configs,
                             tokenizer=args.tokenizer)
         scores = None
-        if args.scorer:
+        if args.score and args.scorer:
+            raise ConfigError("--score re-scores as the run did, --scorer with another scorer: give one")
+        if args.scorer or args.score:
             kwargs = _json_arg(args.scorer_kwargs, "--scorer-kwargs") if args.scorer_kwargs else None
             scores = rescore(report, args.run_dir, args.scorer, scorer_kwargs=kwargs, scorer_modules=args.imports)
     except ConfigError as e:  # RecordingError included
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:
-        for e in report.differing:
+        for e in report.differing:  # (after --score: a changed score too)
             d = e.difference
             print(f"episode {e.key} ({e.record['uid']}): turn {d['turn']}: {d['what']} differ: {d['detail']}")
-        if scores is not None:
+        if scores is not None and args.scorer:  # (--score: a changed score is a difference, listed above)
             for e in report.episodes:
                 if e.score != e.recorded_score:
                     print(f"episode {e.key} ({e.record['uid']}): score {e.recorded_score} -> {e.score} "
-                          f"({args.scorer})")
+                          f"({scores['scorer']})")
     if args.json_path:
         write_json_lines(args.json_path, (e.as_dict() for e in report.episodes))
     n, k = len(report.episodes), len(report.differing)
