@@ -500,3 +500,30 @@ def test_a_users_own_tasks_replay_without_naming_their_module(tiny_qwen_dir, tmp
     r = subprocess.run([sys.executable, "-m", "verl_agentic.replay", "out", "--scorer", "my_len_scorer"],
                        capture_output=True, text=True, cwd=folder, env=user_env(), timeout=600)
     assert r.returncode == 0 and "re-scored with my_len_scorer: 4/4 scored" in r.stdout, r.stdout + r.stderr
+
+
+def test_main_ppo_with_ray_records_in_the_rollout_actor(tiny_smol_dir, tmp_path):
+    """trainer.use_ray: the rollout actor (another process) writes the step's recording."""
+    from verl_agentic.main_rollout import load_config
+    from verl_agentic.trainer import PPOTrainer
+
+    out = tmp_path / "ray"
+    trainer = PPOTrainer(load_config([
+        f"model.path={tiny_smol_dir}", "data.max_samples=8", "trainer.total_steps=1", "trainer.batch_size=2",
+        "rollout.n=2", "rollout.max_new_tokens=8", "rollout.max_turns=2", "actor.ppo_mini_batch_size=4",
+        "actor.ppo_micro_batch_size=4", "task.gsm8k.feedback=always_verify", "trainer.save_hf_model=false",
+        "trainer.use_ray=true", "trainer.ray_init.num_cpus=2", "output.record=true", "output.quiet=true",
+        f"output.dir={out}"], config_name="ppo"))
+    try:
+        trainer.train_step()
+    finally:
+        trainer.close()
+        import ray
+
+        ray.shutdown()
+    trajs = _lines(out / "rollouts" / "step_000001.jsonl")
+    recs = _recording(out / "recordings" / "step_000001")
+    assert len(trajs) == len(recs) == 4
+    assert all(recs[(t["index"], t["sample_id"])]["outcome"]["response_ids"] == t["response_ids"] for t in trajs)
+    r = _run("verl_agentic.replay", out / "recordings" / "step_000001")
+    assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
