@@ -431,6 +431,31 @@ def test_tape_refuses_unknown_modes_and_live_doors():
         replay_run(REPO / "docs")
 
 
+def test_a_taped_backend_speaks_chat_exactly_when_its_backend_does(qwen25_tokenizer):
+    """The chat loop talks to a backend with its own chat() through chat(), to others through ChatAdapter
+    over generate(): a taped backend must not change which (it once did, and gen_chat's episodes failed)."""
+    from verl_agentic.backends.chat_adapter import has_native_chat
+    from verl_agentic.interfaces import ChatOutput
+    from verl_agentic.record import taped
+
+    class ChatServer(ScriptedPolicy):
+        async def chat(self, messages, sampling, tools=None):
+            return ChatOutput({"role": "assistant", "content": "4"}, "stop")
+
+    tokens_only, chat = ScriptedPolicy(qwen25_tokenizer, ["4"]), ChatServer(qwen25_tokenizer, ["4"])
+    assert not has_native_chat(tokens_only) and has_native_chat(chat)
+    assert not has_native_chat(taped(tokens_only, Tape())) and has_native_chat(taped(chat, Tape()))
+    tape = Tape()
+    out = asyncio.run(taped(chat, tape).chat([{"role": "user", "content": "2+2?"}], _greedy()))
+    assert out.message["content"] == "4" and [e["door"] for e in tape.events] == ["chat"] and tape.turn == 1
+
+
+def _greedy():
+    from verl_agentic.interfaces import SamplingParams
+
+    return SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
 # --- main_ppo: each step's rollout recorded ---------------------------------------------------------------
 def test_main_ppo_records_each_steps_rollout(tiny_smol_dir, tmp_path):
     out = tmp_path / "ppo"
@@ -526,4 +551,31 @@ def test_main_ppo_with_ray_records_in_the_rollout_actor(tiny_smol_dir, tmp_path)
     assert len(trajs) == len(recs) == 4
     assert all(recs[(t["index"], t["sample_id"])]["outcome"]["response_ids"] == t["response_ids"] for t in trajs)
     r = _run("verl_agentic.replay", out / "recordings" / "step_000001")
+    assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
+
+
+# --- an environment service (gen_chat against python -m verl_agentic.envserver) -----------------------------
+def test_gen_chat_against_the_environment_service_replays_without_it(tiny_qwen_dir, tmp_path):
+    from va_services import ServiceProcess
+
+    rows = tmp_path / "rows.jsonl"
+    r = _run("verl_agentic.envserver.rows", "gsm8k", REPO / "data" / "gsm8k" / "test.jsonl", rows, "--max-samples", "2")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    server = ServiceProcess("verl_agentic.envserver", ready="environment service listening on ")
+    try:
+        r = _run("verl_agentic.main_rollout", "task_type=gen_chat", f"data.path={rows}", f"task.gen_chat.url={server.url}",
+                 "+task.gen_chat.env_config.feedback=always_verify", f"model.path={tiny_qwen_dir}", "rollout.n=2",
+                 "rollout.max_new_tokens=8", "rollout.max_turns=2", "output.record=true", "output.quiet=true",
+                 f"output.dir={out}")
+        assert r.returncode == 0, r.stderr[-3000:]
+    finally:
+        server.stop()
+        server.close()
+    recs = _recording(out)
+    assert len(recs) == 4
+    paths = [e["request"]["path"] for e in recs[(0, 0)]["events"] if e["door"] == "http"]
+    assert paths == ["/start", "/step", "/step", "/end"], paths  # each answer of the environment, recorded
+    assert all("session_id" not in json.dumps(e["request"]) for e in recs[(0, 0)]["events"])
+    r = _run("verl_agentic.replay", out)  # the service is gone
     assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr

@@ -5,7 +5,15 @@
 header). The replay itself is ``verl_agentic.replay``.
 """
 
-from verl_agentic.record.backend import NoModel, TapedBackend, prompt_request
+from verl_agentic.record.backend import (
+    NoChatModel,
+    NoModel,
+    TapedBackend,
+    TapedChatBackend,
+    has_native_chat,
+    prompt_request,
+    taped,
+)
 from verl_agentic.record.store import (
     RecordingError,
     RecordingWriter,
@@ -17,6 +25,6 @@ from verl_agentic.record.store import (
 )
 from verl_agentic.record.tape import DOORS, LIVE_DOORS, ReplayDivergence, Tape, current, digest, door, using
 
-__all__ = ["DOORS", "LIVE_DOORS", "NoModel", "RecordingError", "RecordingWriter", "ReplayDivergence", "Tape",
+__all__ = ["DOORS", "LIVE_DOORS", "NoChatModel", "NoModel", "TapedChatBackend", "has_native_chat", "taped", "RecordingError", "RecordingWriter", "ReplayDivergence", "Tape",
            "TapedBackend", "current", "digest", "door", "find_episode", "has_recording", "prompt_request",
            "read_episodes", "read_header", "recording_header", "using"]

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.jsonl import JsonLinesAppender, iter_json_lines, read_complete_json_lines
+from verl_agentic.record.backend import has_native_chat
 from verl_agentic.record.probe import tokenizer_probe
 from verl_agentic.record.tape import Tape
 
@@ -57,6 +58,7 @@ def recording_header(config: dict, backend: Any, rollout: Any, task_configs: dic
     stop_ids = list(backend.stop_token_ids or [])
     return {"config": config, "tokenizer": str(getattr(backend.tokenizer, "name_or_path", "") or ""),
             "tokenizer_probe": tokenizer_probe(backend.tokenizer, stop_ids), "stop_token_ids": stop_ids,
+            "native_chat": has_native_chat(backend),
             "rollout": rollout if isinstance(rollout, dict) else dataclasses.asdict(rollout),
             "task_configs": task_configs, "default_task_type": default_task_type, "seed": seed}
 

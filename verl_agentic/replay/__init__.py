@@ -20,13 +20,14 @@ from verl_agentic.interfaces import RolloutContext, SamplingParams
 from verl_agentic.jsonl import read_json_lines
 from verl_agentic.models.embedded import EMBEDDED_NAMES, embedded_model_dir
 from verl_agentic.record import (
+    NoChatModel,
     NoModel,
     RecordingError,
     Tape,
-    TapedBackend,
     find_episode,
     read_episodes,
     read_header,
+    taped,
     using,
 )
 from verl_agentic.record.probe import tokenizer_probe
@@ -116,10 +117,12 @@ def recorded_imports(header: dict) -> list[str]:
 
 
 async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int], template: ChatTemplate, *,
-                         live: Iterable[str] = (), task_config: Optional[dict] = None) -> EpisodeReplay:
+                         live: Iterable[str] = (), task_config: Optional[dict] = None,
+                         native_chat: bool = False) -> EpisodeReplay:
     """Run one recorded episode's task again, every door answering from its recording (``live``: the
     doors that run for real), with what it ran with (its row, context, sampling and limits; its task
-    section replaced by ``task_config`` when given), and compare it with the recording."""
+    section replaced by ``task_config`` when given), and compare it with the recording. ``native_chat``:
+    the recorded backend spoke chat itself (the header's ``native_chat``)."""
     task_type = record["task_type"]
     spec = get_task(task_type)
     c = record["ctx"]
@@ -129,7 +132,7 @@ async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int]
     sampling = SamplingParams(**record["sampling"])
     limits = LoopLimits(**record["limits"])
     tape = Tape("replay", record["events"], live=live)
-    backend = TapedBackend(NoModel(tokenizer, stop_token_ids), tape)
+    backend = taped((NoChatModel if native_chat else NoModel)(tokenizer, stop_token_ids), tape)
     with using(tape):
         state, result = await spec.loop(spec, record["row"], ctx, backend, sampling, limits, template)
     traj = build_trajectory(state, result, uid=record["uid"], task_type=task_type, index=record["index"],
@@ -167,7 +170,8 @@ def replay_run(run_dir: str | Path, *, episode: Optional[str] = None, live: Iter
         async def one(rec: dict) -> EpisodeReplay:
             async with sem:
                 return await replay_episode(rec, tokenizer, header["stop_token_ids"], template, live=live,
-                                            task_config=overrides.get(rec["task_type"]))
+                                            task_config=overrides.get(rec["task_type"]),
+                                            native_chat=bool(header.get("native_chat")))
 
         return list(await asyncio.gather(*(one(r) for r in records)))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
-from verl_agentic.record.backend import TapedBackend
+from verl_agentic.record.backend import taped
 from verl_agentic.record.tape import Tape, using
 from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.template import ChatTemplate
@@ -101,7 +101,7 @@ class AsyncRollout:
     fails carries a typed ``error`` and never stops the others.
 
     ``recorder`` (``Recorder``): each episode runs with its tape (``verl_agentic.record``): its backend
-    wrapped in ``TapedBackend`` and the tape set for the doors it goes through.
+    wrapped (``record.taped``) and the tape set for the doors it goes through.
     """
 
     def __init__(self, backend: Any, config: Optional[RolloutConfig] = None, *,
@@ -157,7 +157,7 @@ class AsyncRollout:
             )
             sampling = self._sampling(index, sample_id)
             tape = self.recorder.begin(index, sample_id) if self.recorder is not None else None
-            backend = self.backend if tape is None else TapedBackend(self.backend, tape)
+            backend = self.backend if tape is None else taped(self.backend, tape)
             async with sem:
                 with using(tape):
                     state, result = await spec.loop(spec, row, ctx, backend, sampling, limits, self.template)

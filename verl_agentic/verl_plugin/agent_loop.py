@@ -99,7 +99,7 @@ from verl_agentic.interfaces import (
     parse_section,
 )
 from verl_agentic.monitors import MonitorsConfig
-from verl_agentic.record import RecordingWriter, Tape, TapedBackend, recording_header, using
+from verl_agentic.record import RecordingWriter, Tape, recording_header, taped, using
 from verl_agentic.registry import import_modules
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
@@ -397,7 +397,7 @@ class TaskAgentLoop(AgentLoopBase):
 
         tape = Tape("record") if self.settings.record else None
         with using(tape):
-            state, result = await spec.loop(task, row, ctx, backend if tape is None else TapedBackend(backend, tape),
+            state, result = await spec.loop(task, row, ctx, backend if tape is None else taped(backend, tape),
                                             sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
