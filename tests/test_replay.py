@@ -262,7 +262,8 @@ def python_tool_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("replay") / "python_tool"
     policy = ScriptedPolicy(AutoTokenizer.from_pretrained(QWEN25_DIR), PYTHON_REPLIES)
     cfg = load_config(["data.max_samples=2", "rollout.max_turns=3", "rollout.max_new_tokens=64",
-                       "task.gsm8k.tools=[python]", "task.gsm8k.parser=python_code", "reward.manager=naive",
+                       "task.gsm8k.tools=[python]", "task.gsm8k.parser=python_code", "task.gsm8k.interaction=gsm8k",
+                       "reward.manager=naive",
                        f"model.path={QWEN25_DIR}", "output.record=true", "output.quiet=true", f"output.dir={out}"])
     trajs, _ = run(cfg, backend=policy)
     assert [t["metrics"]["tool_ok"] for t in trajs] == [1.0, 1.0], [t["error"] for t in trajs]
@@ -276,9 +277,16 @@ def test_python_tool_results_are_recorded_and_answered_from_the_recording(python
     assert tools[0]["request"] == {"name": "python", "arguments": {"code": "print(16 - 3 - 4, (16 - 3 - 4) * 2)"}}
     assert tools[0]["answer"]["text"] == "9 18" and tools[0]["answer"]["status"] == "ok"
     assert any(e["door"] == "tool_reward" for e in recs[(0, 0)]["events"])
+    # the gsm8k interaction answers each turn without tool calls: right (problem 0) ends the episode, wrong
+    # (problem 1) asks again; its replies and the final score are recorded
+    talks = [[(e["turn"], e["request"]["method"]) for e in recs[(i, 0)]["events"] if e["door"] == "interaction"]
+             for i in (0, 1)]
+    assert talks == [[(2, "generate_response"), (2, "calculate_score")],
+                     [(2, "generate_response"), (3, "generate_response"), (3, "calculate_score")]], talks
     r = _run("verl_agentic.replay", python_tool_run)
     assert r.returncode == 0 and "2 same as recorded" in r.stdout, r.stdout + r.stderr
-    r = _run("verl_agentic.replay", python_tool_run, "--live", "tool,tool_reward")  # bubblewrap runs it again
+    # bubblewrap runs the code again, the interaction answers again: the same answers
+    r = _run("verl_agentic.replay", python_tool_run, "--live", "tool,tool_reward,interaction")
     assert r.returncode == 0 and "2 same as recorded" in r.stdout, r.stdout + r.stderr
 
     # the replay's tool message comes from the recording: a doctored result shows at the turn it answers
@@ -322,7 +330,7 @@ def test_rescoring_with_another_scorer(python_tool_run, tmp_path):
     r = _run("verl_agentic.replay", python_tool_run, "--score", "--import", "changed_scorer", env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "episode 0/0 (gsm8k-0): turn 2: score differ: recorded 1.0, re-scored 0.5" in r.stdout, r.stdout
-    assert "episode 1/0 (gsm8k-1): turn 2: score differ: recorded 0.0, re-scored 0.5" in r.stdout, r.stdout
+    assert "episode 1/0 (gsm8k-1): turn 3: score differ: recorded 0.0, re-scored 0.5" in r.stdout, r.stdout
 
 
 # --- swedev against its real service ---------------------------------------------------------------------
