@@ -22,13 +22,15 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 # lowest first; the longest matching prefix decides a module's layer
 LAYERS: list[tuple[str, ...]] = [
     ("interfaces",),
-    ("registry", "serving", "isolation", "models", "jsonl", "monitors"),
+    ("registry", "serving", "isolation", "models", "jsonl", "monitors",
+     "record"),  # the tape every door records on (tools, interactions and the HTTP clients are its doors)
     ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),
     ("rollout", "backends"),
     ("tasks", "config",  # config: the hydra files, and what the CLIs and trainers build from them
      "interactions.simulated_user"),  # an interaction that generates with a backend (a language model as the user)
     ("trainer", "verl_plugin", "inspect", "envserver", "sandbox"),  # trainers, the plugin, the services
-    ("main_rollout", "main_ppo", "agentic_utils", "reward.compare"),  # CLIs (and every package's __main__)
+    ("main_rollout", "main_ppo", "agentic_utils", "reward.compare",
+     "replay"),  # CLIs (and every package's __main__)
 ]
 
 KNOWN_UPWARD: set[tuple[str, str]] = set()

@@ -131,6 +131,7 @@ class OutputConfig:
     dir: str = "outputs/run"
     quiet: bool = False
     check_drift: bool = True
+    record: bool = False  # record every episode for replay (recording.json + recording.jsonl; docs/replay.md)
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,12 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     rollout_config,
 )
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.record import RecordingWriter, has_recording, recording_header
 from verl_agentic.reward import score_trajectories
 from verl_agentic.reward.scorers import EPISODE_REWARD
 from verl_agentic.rollout import AsyncRollout, format_table, summarize
 from verl_agentic.rollout.async_rollout import resolve_tasks
-from verl_agentic.rollout.journal import RolloutJournal
+from verl_agentic.rollout.journal import JournalError, RolloutJournal
 from verl_agentic.rollout.trajectory import drift_summary
 from verl_agentic.tasks import get_task
 from verl_agentic.tasks.data import BadRow, load_rows, write_skipped_rows
@@ -92,15 +93,29 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
     pending = journal.pending(len(rows), n)
     if journal.resumed:
         log(f"continuing {out_dir}: {journal.resumed} of {len(rows) * n} episodes already finished")
+    record = c.output.record or has_recording(out_dir)  # a recorded run that is resumed keeps recording
+    if record and not has_recording(out_dir) and journal.resumed:
+        journal.close()
+        raise JournalError(f"output.record=true, but {out_dir} holds {journal.resumed} episodes run without a "
+                           f"recording: record into a new output.dir")
+    if record and not c.output.record:
+        log(f"{out_dir} holds a recording: the episodes run now are recorded too")
     own_backend = backend is None
     rollout = None
+    recorder = None
     try:
         if own_backend:
             t0 = time.perf_counter()
             backend = make_backend(c)
             log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+        if record:
+            recorder = RecordingWriter(out_dir, recording_header(c.raw, backend, c.rollout, c.task, c.task_type, c.seed))
+            unrecorded = set(journal.episodes) - recorder.recorded
+            if unrecorded:
+                print(f"[verl-agentic] warning: {len(unrecorded)} finished episodes of {out_dir} have no recording "
+                      f"(e.g. {min(unrecorded)}); a replay skips them", file=sys.stderr)
         rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
-                               seed=c.seed, progress=not quiet)
+                               seed=c.seed, progress=not quiet, recorder=recorder)
         if pending:
             rollout.run_sync(rows, pending, on_episode=journal.append)
         trajectories = journal.trajectories(len(rows), n)
@@ -132,6 +147,8 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
         raise
     finally:
         journal.close()
+        if recorder is not None:
+            recorder.close()
         if scorer is not None:
             scorer.close()
         if own_backend and backend is not None:

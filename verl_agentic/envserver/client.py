@@ -61,7 +61,8 @@ class EnvClient:
     def __init__(self, url: str, *, request_timeout_s: float = 60.0, max_retries: int = 3,
                  retry_backoff_s: float = 0.5):
         self._http = HttpTransport(url, name="environment service", request_timeout_s=request_timeout_s,
-                                   max_retries=max_retries, retry_backoff_s=retry_backoff_s, backoff_cap_s=BACKOFF_CAP_S)
+                                   max_retries=max_retries, retry_backoff_s=retry_backoff_s, backoff_cap_s=BACKOFF_CAP_S,
+                                   unrecorded_fields=("session_id",))  # made up by the client per episode
         if request_timeout_s is None:
             raise ConfigError(f"environment service: request_timeout_s must be > 0, got {request_timeout_s}")
         self.url = self._http.url

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from verl_agentic.interfaces import ConfigError, RolloutContext, SamplingParams
+from verl_agentic.record.backend import taped
+from verl_agentic.record.tape import Tape, using
 from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.template import ChatTemplate
 from verl_agentic.rollout.trajectory import build_trajectory
@@ -77,6 +79,19 @@ def resolve_tasks(rows: Sequence[dict], default_task_type: Optional[str] = None,
     return resolved
 
 
+class Recorder(Protocol):
+    """Gives each episode its tape and takes it back when the episode is done (``output.record``'s
+    writer, ``verl_agentic.record.RecordingWriter``): ``begin`` returns the episode's tape (None: the
+    episode runs untaped), ``finish`` receives it with the trajectory and what the episode ran with: the
+    row, its context (seed, config), its sampling and its limits (not called for an episode cancelled by
+    a stop)."""
+
+    def begin(self, index: int, sample_id: int) -> Optional[Tape]: ...
+
+    def finish(self, tape: Tape, traj: dict, *, row: dict, ctx: RolloutContext, sampling: SamplingParams,
+               limits: LoopLimits) -> None: ...
+
+
 class AsyncRollout:
     """Runs episodes concurrently (bounded by ``concurrency``) against one backend.
 
@@ -84,17 +99,22 @@ class AsyncRollout:
     tasks may share a batch. Every row is sampled ``n`` times. Results come back in input
     order (row-major: row 0 samples 0..n-1, row 1, ...) as trajectory dicts; an episode that
     fails carries a typed ``error`` and never stops the others.
+
+    ``recorder`` (``Recorder``): each episode runs with its tape (``verl_agentic.record``): its backend
+    wrapped (``record.taped``) and the tape set for the doors it goes through.
     """
 
     def __init__(self, backend: Any, config: Optional[RolloutConfig] = None, *,
                  task_configs: Optional[dict[str, dict]] = None,
-                 default_task_type: Optional[str] = None, seed: int = 0, progress: bool = False):
+                 default_task_type: Optional[str] = None, seed: int = 0, progress: bool = False,
+                 recorder: Optional[Recorder] = None):
         self.backend = backend
         self.config = config or RolloutConfig()
         self.task_configs = dict(task_configs or {})
         self.default_task_type = default_task_type
         self.seed = seed
         self.progress = progress
+        self.recorder = recorder
         self.template = ChatTemplate(backend.tokenizer, self.config.chat_template_kwargs)
         self.last_wall_s = 0.0
 
@@ -105,16 +125,24 @@ class AsyncRollout:
             seed=_sample_seed(self.seed, index, sample_id) if c.temperature > 0 else None,
         )
 
-    async def run(self, rows: Sequence[dict], pending: Optional[Sequence[tuple[int, int]]] = None,
+    async def run(self, rows: Union[Sequence[dict], Mapping[int, dict]],
+                  pending: Optional[Sequence[tuple[int, int]]] = None,
                   on_episode: Optional[Callable[[dict], None]] = None) -> list[dict]:
         """The episodes of ``pending`` (``(row index, sample id)`` pairs; default: all, row-major), in
         that order. ``on_episode(trajectory)`` is called as each one finishes (main_rollout writes it
-        down then); an episode cancelled by a stop is not finished and is not passed on."""
-        tasks = resolve_tasks(rows, self.default_task_type, self.task_configs)
+        down then); an episode cancelled by a stop is not finished and is not passed on. ``rows`` may
+        be a mapping of row index to row (some rows of a larger dataset: a replay's)."""
+        if isinstance(rows, Mapping):
+            keys = list(rows)
+            resolved = resolve_tasks([rows[k] for k in keys], self.default_task_type, self.task_configs)
+            tasks: Any = dict(zip(keys, resolved))
+        else:
+            tasks = resolve_tasks(rows, self.default_task_type, self.task_configs)
         limits = LoopLimits(self.config.max_turns, self.config.max_total_tokens, self.config.episode_timeout_s)
         sem = asyncio.Semaphore(self.config.concurrency)
         if pending is None:
-            pending = [(i, k) for i in range(len(rows)) for k in range(self.config.n)]
+            pending = [(i, k) for i in (list(rows) if isinstance(rows, Mapping) else range(len(rows)))
+                       for k in range(self.config.n)]
         bar = _ProgressBar(len(pending), self.progress, self.backend)
         t0 = time.perf_counter()
 
@@ -127,14 +155,20 @@ class AsyncRollout:
                 seed=_sample_seed(self.seed, index, sample_id),
                 max_consecutive_invalid_tool_calls=self.config.max_consecutive_invalid_tool_calls,
             )
+            sampling = self._sampling(index, sample_id)
+            tape = self.recorder.begin(index, sample_id) if self.recorder is not None else None
+            backend = self.backend if tape is None else taped(self.backend, tape)
             async with sem:
-                state, result = await spec.loop(spec, row, ctx, self.backend, self._sampling(index, sample_id),
-                                                limits, self.template)
+                with using(tape):
+                    state, result = await spec.loop(spec, row, ctx, backend, sampling, limits, self.template)
             traj = build_trajectory(state, result, uid=str(row.get("uid", f"{task_type}-{index}")),
                                     task_type=task_type, index=index, sample_id=sample_id, scorer=spec.scorer)
             bar.update(traj)
-            if on_episode is not None and (traj["error"] or {}).get("type") != "cancelled":  # a loop that
-                on_episode(traj)  # swallowed a cancellation did not finish its episode
+            finished = (traj["error"] or {}).get("type") != "cancelled"  # a loop that swallowed a
+            if tape is not None and finished:  # cancellation did not finish its episode
+                self.recorder.finish(tape, traj, row=row, ctx=ctx, sampling=sampling, limits=limits)
+            if on_episode is not None and finished:
+                on_episode(traj)
             return traj
 
         ticker = asyncio.create_task(bar.tick_forever()) if self.progress else None

@@ -64,7 +64,8 @@ class SandboxClient:
 
         self._http = HttpTransport(url, name="sandbox service", request_timeout_s=request_timeout_s,
                                    max_retries=max_retries, retry_backoff_s=retry_backoff_s,
-                                   backoff_cap_s=_BACKOFF_CAP_S, fresh_connections=True)
+                                   backoff_cap_s=_BACKOFF_CAP_S, fresh_connections=True,
+                                   unrecorded_fields=("key",))  # a fresh idempotency key every episode
         self.url = self._http.url
         self.request_timeout_s = self._http.request_timeout_s
         self.max_retries = max_retries

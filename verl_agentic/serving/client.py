@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import json
 import random
 import threading
@@ -35,6 +36,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.record.tape import digest, door
 from verl_agentic.serving.errors import ServiceError, body_excerpt, error_from_answer
 
 _T = TypeVar("_T")
@@ -46,7 +48,8 @@ class HttpTransport:
 
     def __init__(self, url: str, *, name: str, request_timeout_s: Optional[float] = 60.0, max_retries: int = 3,
                  retry_backoff_s: float = 0.5, backoff_cap_s: float = 8.0, concurrency: Optional[int] = None,
-                 fresh_connections: bool = False, headers: Optional[dict] = None):
+                 fresh_connections: bool = False, headers: Optional[dict] = None,
+                 unrecorded_fields: tuple[str, ...] = ()):
         parsed = urlparse(url or "") if isinstance(url, str) else None
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"{name} url must look like http://host:port, got {url!r}")
@@ -65,6 +68,9 @@ class HttpTransport:
         # connection (retried) rather than as a pooled connection that died mid-request
         self.fresh_connections = fresh_connections
         self.headers = headers
+        # body fields that differ on every run by design (an idempotency key, a session id the client makes
+        # up): left out of what a recorded request is matched by (record/tape.py)
+        self.unrecorded_fields = tuple(unrecorded_fields)
         self.counts: Counter = Counter(requests=0, retries=0, failed_requests=0)
         self._session: Optional[aiohttp.ClientSession] = None
 
@@ -91,7 +97,23 @@ class HttpTransport:
                       max_retries: Optional[int] = None) -> dict:
         """One call with retries: the answer's JSON object, or ``ServiceError``. ``timeout_s``: this
         request's limit (default ``request_timeout_s``; None: none). ``check(answer)`` returns what is
-        wrong with an answer, or None. ``max_retries`` overrides the transport's for this call."""
+        wrong with an answer, or None. ``max_retries`` overrides the transport's for this call.
+
+        The ``http`` door of a recorded episode (``record/tape.py``): the answer, or the final error, is
+        recorded by method, path and body (not the URL: a replayed service may listen elsewhere)."""
+        if isinstance(json_body, dict) and self.unrecorded_fields:
+            shown = {k: v for k, v in json_body.items() if k not in self.unrecorded_fields}
+        else:
+            shown = json_body
+        body = digest(shown) if data is None else {"bytes_sha256": hashlib.sha256(data).hexdigest()}
+        return await door("http", {"method": method, "path": path, "params": params, "body": body},
+                          lambda: self._request(method, path, json_body, data, params, idempotent, timeout_s, check,
+                                                max_retries),
+                          error_of=_error_json, raise_error=_error_from_json)
+
+    async def _request(self, method: str, path: str, json_body: Any, data: Optional[bytes], params: Optional[dict],
+                       idempotent: bool, timeout_s: Any, check: Optional[Callable[[dict], Optional[str]]],
+                       max_retries: Optional[int]) -> dict:
         timeout = self.request_timeout_s if timeout_s is _DEFAULT else timeout_s
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
@@ -147,6 +169,16 @@ class HttpTransport:
             raise _Attempt(ServiceError(status, "bad_response", f"{where}: malformed answer: {problem}",
                                         retryable=True))
         return answer
+
+
+def _error_json(e: BaseException) -> Optional[dict]:
+    if not isinstance(e, ServiceError):
+        return None
+    return {"status": e.status, "type": e.type, "message": e.message, "retryable": e.retryable, "extra": e.extra}
+
+
+def _error_from_json(d: dict) -> ServiceError:
+    return ServiceError(d["status"], d["type"], d["message"], retryable=d["retryable"], **d["extra"])
 
 
 class _Attempt(Exception):

@@ -45,6 +45,7 @@ from verl_agentic.interfaces import (
     RolloutContext,
     check_keys,
 )
+from verl_agentic.record.tape import digest, door
 from verl_agentic.rollout.task_spec import TaskSpec, register_task
 from verl_agentic.tools import load_tools
 from verl_agentic.tools.parsers import get_parser
@@ -128,8 +129,11 @@ async def tool_agent_obs(state: EpisodeState, out: GenOutput) -> Observation:
         return Observation(messages=turn.messages, info=turn.info())
     if task.interaction is None:
         return Observation(done=True)
-    terminate, response, score, _meta = await task.interaction.generate_response(
-        task.interaction_id, state.messages, **task.interaction_kwargs)
+    # the interaction door (record/tape.py): its reply is recorded, or answered from a recording on replay
+    terminate, response, score, _meta = await door(
+        "interaction", {"method": "generate_response", "messages": digest(state.messages)},
+        lambda: task.interaction.generate_response(task.interaction_id, state.messages, **task.interaction_kwargs),
+        encode=list, decode=tuple)
     task.scores.append(float(score))
     if terminate:
         return Observation(done=True, turn_reward=float(score))
@@ -146,7 +150,9 @@ async def tool_agent_end(state: EpisodeState) -> EpisodeResult:
     try:
         await task.runner.close()
         if task.interaction is not None and task.interaction_id is not None:
-            reward = float(await call_with_instance(task.interaction.calculate_score, task.interaction_id))
+            reward = float(await door("interaction", {"method": "calculate_score"},
+                                      lambda: call_with_instance(task.interaction.calculate_score,
+                                                                 task.interaction_id)))
     finally:
         if task.interaction is not None and task.interaction_id is not None:
             await call_with_instance(task.interaction.finalize_interaction, task.interaction_id)

@@ -28,6 +28,7 @@ Metrics (summed over the episode): ``tool_calls``, ``tool_ok``, ``tool_error``, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl_agentic.interfaces import ConfigError, EpisodeFailure, RolloutContext
+from verl_agentic.record.tape import door
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.parsers import get_parser
 
@@ -105,7 +107,8 @@ class ToolRunner:
         """``release`` every created tool (errors are swallowed: release must not mask the episode)."""
         for name, iid in list(self.instance_ids.items()):
             try:
-                self.reward += float(await self.tools[name].calc_reward(iid) or 0.0)
+                self.reward += await door("tool_reward", {"name": name},
+                                          lambda: self._calc_reward(self.tools[name], iid))
             except Exception:
                 self.counts["tool_release_error"] += 1
             try:
@@ -122,6 +125,12 @@ class ToolRunner:
         missing = [a for a in t.required_arguments() if a not in call.arguments]
         if missing:
             return ToolResult(f"Error: {call.name} is missing required arguments {missing}", status="error")
+        # the tool door (record/tape.py): recorded, or answered from a recording on replay
+        return await door("tool", {"name": call.name, "arguments": call.arguments}, lambda: self._execute(t, call),
+                          encode=dataclasses.asdict, decode=lambda d: ToolResult(**d),
+                          compared=lambda d: {k: d[k] for k in ("text", "status", "reward")})
+
+    async def _execute(self, t: BaseTool, call: Any) -> ToolResult:
         t0 = time.perf_counter()
         try:
             out = await asyncio.wait_for(t.execute(self.instance_ids[call.name], call.arguments),
@@ -133,6 +142,10 @@ class ToolRunner:
             result = ToolResult(f"Error: {call.name} raised {type(e).__name__}: {str(e)[:500]}", status="error")
         result.metrics.setdefault("latency_s", time.perf_counter() - t0)
         return result
+
+    @staticmethod
+    async def _calc_reward(t: BaseTool, instance_id: str) -> float:
+        return float(await t.calc_reward(instance_id) or 0.0)
 
     async def run_turn(self, text: str) -> TurnResult:
         """Parse ``text`` and execute its calls; the messages to append (empty: no calls)."""

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from collections import Counter, defaultdict
@@ -49,6 +50,7 @@ from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS, ConfigError
 from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.monitors import batch_summary, from_metrics, heldout_summary, make_monitors, merge, numeric
+from verl_agentic.record import RecordingWriter, recording_header
 from verl_agentic.reward import REWARD_MANAGERS, score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
 from verl_agentic.rollout.async_rollout import resolve_tasks
@@ -508,21 +510,37 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _rollout(self, rows: list[dict], rollout_cfg: Any = None) -> list[dict]:
+    def _rollout(self, rows: list[dict], rollout_cfg: Any = None, name: str = "") -> list[dict]:
         # Step-dependent sampling seeds: a resumed run samples exactly what an uninterrupted one would.
         seed = self.seed * 7919 + self.step
         rollout_cfg = rollout_cfg or self.rollout_cfg
+        record = self._recording(name, rollout_cfg, seed)
         if self.ray is not None:
-            return self.ray.rollout_rows(rows, seed, self.model.state_dict(), rollout_cfg)
+            return self.ray.rollout_rows(rows, seed, self.model.state_dict(), rollout_cfg, record)
+        recorder = RecordingWriter(*record) if record is not None else None
         rollout = AsyncRollout(self.backend, rollout_cfg, task_configs=self.task_configs,
-                               default_task_type=self.conf.task_type, seed=seed, progress=False)
-        return rollout.run_sync(rows)
+                               default_task_type=self.conf.task_type, seed=seed, progress=False, recorder=recorder)
+        try:
+            return rollout.run_sync(rows)
+        finally:
+            if recorder is not None:
+                recorder.close()
+
+    def _recording(self, name: str, rollout_cfg: Any, seed: int) -> Optional[tuple[Path, dict]]:
+        """``output.record``: where this rollout's recording goes (``output.dir/recordings/<name>``, made
+        afresh: a step redone after a resume records again) and its header; None when not recording."""
+        if not self.conf.output.record or not name:
+            return None
+        folder = self.out_dir / "recordings" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        return folder, recording_header(self.conf.raw, self.backend, rollout_cfg, self.task_configs,
+                                        self.conf.task_type, seed)
 
     def validate(self) -> dict[str, float]:
         """Greedy episodes (n=1) on the held-out rows with the current weights: ``val/*`` metrics (see
         :func:`validation_metrics`); the episodes go to ``validation/step_XXXXXX.jsonl``."""
         t0 = time.perf_counter()
-        trajs = self._rollout(self.val_rows, self.val_rollout_cfg)
+        trajs = self._rollout(self.val_rows, self.val_rollout_cfg, f"validation_step_{self.step:06d}")
         rewards = self._rewards(trajs)
         for t in trajs:
             t["step"] = self.step
@@ -568,7 +586,7 @@ class PPOTrainer:
         t_step = time.perf_counter()
         rows = self._next_rows()
         t0 = time.perf_counter()
-        trajs = self._rollout(rows)
+        trajs = self._rollout(rows, name=f"step_{self.step + 1:06d}")
         timing["timing/rollout_s"] = time.perf_counter() - t0
         for i, t in enumerate(trajs):  # group id: the prompt's position in this step's batch
             t["step"] = self.step + 1

@@ -22,6 +22,7 @@ import torch
 from verl_agentic.backends.hf import HFBackend
 from verl_agentic.registry import import_modules
 from verl_agentic.reward import RewardConfig, make_reward_manager, score_trajectories
+from verl_agentic.record import RecordingWriter
 from verl_agentic.rollout import AsyncRollout
 
 
@@ -54,10 +55,16 @@ class RolloutWorker:
     def backend_rng(self) -> Any:
         return self.backend._seed_rng.getstate()
 
-    def rollout(self, rows: list[dict], seed: int, rollout_cfg: Any = None) -> list[dict]:
+    def rollout(self, rows: list[dict], seed: int, rollout_cfg: Any = None, record: Any = None) -> list[dict]:
+        """``record``: ``(folder, header)`` of ``output.record`` (the trainer's; this process writes it)."""
+        recorder = RecordingWriter(*record) if record is not None else None
         r = AsyncRollout(self.backend, rollout_cfg or self.rollout_cfg, task_configs=self.task_configs,
-                         default_task_type=self.default_task_type, seed=seed, progress=False)
-        return r.run_sync(rows)
+                         default_task_type=self.default_task_type, seed=seed, progress=False, recorder=recorder)
+        try:
+            return r.run_sync(rows)
+        finally:
+            if recorder is not None:
+                recorder.close()
 
     def close(self) -> None:
         asyncio.run(self.backend.close())
@@ -95,11 +102,12 @@ class RayWorkers:
         if trainer.scorer_config is not None:
             self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)
 
-    def rollout_rows(self, rows: list[dict], seed: int, state_dict: dict, rollout_cfg: Any = None) -> list[dict]:
+    def rollout_rows(self, rows: list[dict], seed: int, state_dict: dict, rollout_cfg: Any = None,
+                     record: Any = None) -> list[dict]:
         ray = self._ray
         weights = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
         ray.get(self.rollout.set_weights.remote(weights))
-        return ray.get(self.rollout.rollout.remote(rows, seed, rollout_cfg))
+        return ray.get(self.rollout.rollout.remote(rows, seed, rollout_cfg, record))
 
     def score(self, trajectories: list[dict]) -> None:
         results = self._ray.get(self.reward.score.remote(trajectories))

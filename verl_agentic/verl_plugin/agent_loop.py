@@ -41,6 +41,9 @@ the command line, deep-merged)::
   last generated token in verl's token-level rewards, besides the episode's score on the last token
   (the rule of ``main_ppo``'s ``algorithm.turn_rewards``; ``verl_plugin/turn_rewards.py``); off by
   default (verl then sees the outcome only).
+- ``record``: record every episode for replay (``python -m verl_agentic.replay``, docs/replay.md) into
+  ``<rollout_data_dir>/recordings/step_NNNNNN/`` (validation: ``recordings_val/``), beside the dump;
+  needs ``trainer.rollout_data_dir``. Default false.
 - ``raise_on_errors``: episode error types that fail the sample instead of training on what it
   generated (default ``[generation_error]``: a server failure). verl's v1 trainer then drops the
   sample's group; the legacy trainer stops. An episode whose prompt could not be built
@@ -96,6 +99,7 @@ from verl_agentic.interfaces import (
     parse_section,
 )
 from verl_agentic.monitors import MonitorsConfig
+from verl_agentic.record import RecordingWriter, Tape, recording_header, taped, using
 from verl_agentic.registry import import_modules
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
@@ -125,6 +129,7 @@ class TaskAgentSettings:
     monitors: dict = field(default_factory=dict)  # the trainer's monitors (verl_plugin/monitors.py), not the loop's
     turn_rewards: bool = False
     imports: list = field(default_factory=list)  # the user's modules, imported before a task is looked up
+    record: bool = False  # record every episode for replay, beside the dump (see the module docstring)
 
     @classmethod
     def from_sources(cls, trainer_section: Any = None, loop_section: Any = None) -> "TaskAgentSettings":
@@ -162,8 +167,9 @@ class TaskAgentSettings:
         if self.episode_timeout_s is not None and not (
                 isinstance(self.episode_timeout_s, (int, float)) and self.episode_timeout_s > 0):
             raise ConfigError(f"agentic.episode_timeout_s must be a number > 0, got {self.episode_timeout_s!r}")
-        if not isinstance(self.turn_rewards, bool):
-            raise ConfigError(f"agentic.turn_rewards must be true or false, got {self.turn_rewards!r}")
+        for name in ("turn_rewards", "record"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"agentic.{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.raise_on_errors, str):
             raise ConfigError(f"agentic.raise_on_errors must be a list of error types, got {self.raise_on_errors!r}")
         bad = sorted(set(self.raise_on_errors) - set(ERROR_TYPES))
@@ -184,6 +190,8 @@ _CHECKED: set[str] = set()
 _CHECKED_LOCK = threading.Lock()
 _WARNED_VERL_TOOLS = False
 _KEPT_ERRORS = 0  # episodes that ended with an error and were kept (logged sparsely)
+_RECORDERS: dict[str, Any] = {}  # agentic.record: one RecordingWriter per recordings folder, per process
+_RECORDERS_LOCK = threading.Lock()
 
 
 def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
@@ -310,6 +318,9 @@ class TaskAgentLoop(AgentLoopBase):
             raise ConfigError("agentic.turn_rewards needs verl's streaming reward (rule-based rewards, or a reward "
                               "model with reward.reward_model.enable_resource_pool=true); a colocated reward model "
                               "scores after the rollout, where the per-turn rewards cannot be added")
+        if self.settings.record and not (self.config.get("trainer") or {}).get("rollout_data_dir"):
+            raise ConfigError("agentic.record needs trainer.rollout_data_dir: the recordings go beside the "
+                              "trajectory dump (<rollout_data_dir>/recordings/step_NNNNNN/)")
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         _warn_verl_tools_once(tools)
@@ -384,9 +395,15 @@ class TaskAgentLoop(AgentLoopBase):
                               None if max_user_turns is None else int(max_user_turns))
         task = dataclasses.replace(spec, start=hooks.start, obs=hooks.obs)
 
-        state, result = await spec.loop(task, row, ctx, backend, sampling, limits, template)
+        tape = Tape("record") if self.settings.record else None
+        with using(tape):
+            state, result = await spec.loop(task, row, ctx, backend if tape is None else taped(backend, tape),
+                                            sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
+        if tape is not None:  # before the errors are checked: an episode that fails its sample is recorded too
+            self._record(tape, traj, backend, sampling_params, row=row, ctx=ctx, sampling=sampling, limits=limits,
+                         episode_id=request_id)
         self._check_errors(traj, hooks, kwargs)
 
         self._dump(traj, backend, sampling_params, started)
@@ -435,6 +452,24 @@ class TaskAgentLoop(AgentLoopBase):
             os.write(fd, line.encode("utf-8"))
         finally:
             os.close(fd)
+
+    def _record(self, tape: Tape, traj: dict, backend: ServerManagerBackend, sampling_params: dict,
+                **episode: Any) -> None:
+        """``agentic.record``: the episode's recording, in ``<rollout_data_dir>/recordings/step_NNNNNN/``
+        (validation: ``recordings_val/``; the step as in ``_dump``), one writer per folder and process."""
+        trainer = self.config.get("trainer") or {}
+        step = backend.min_global_steps if backend.min_global_steps is not None else 0
+        kind = "recordings_val" if self._is_validation(sampling_params) else "recordings"
+        folder = os.path.join(str(trainer.get("rollout_data_dir")), kind, f"step_{int(step):06d}")
+        with _RECORDERS_LOCK:
+            writer = _RECORDERS.get(folder)
+            if writer is None:
+                config = {"model": {"path": str(self.config.actor_rollout_ref.model.path)},
+                          "agentic": dataclasses.asdict(self.settings)}
+                rollout = {"chat_template_kwargs": plain(self.apply_chat_template_kwargs) or {}}
+                writer = _RECORDERS[folder] = RecordingWriter(folder, recording_header(
+                    config, backend, rollout, self.settings.task, self.settings.task_type, None))
+        writer.finish(tape, traj, **episode)
 
     def _check_errors(self, traj: dict, hooks: _EpisodeHooks, kwargs: dict) -> None:
         error = traj["error"]
