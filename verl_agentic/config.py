@@ -101,6 +101,7 @@ class HFConfig:
     num_threads: Optional[int] = None  # None: torch's default
     packed_linear: bool = True
     weight_dtype: str = "float32"  # float32 | bfloat16 | int8 (backends/packed_linear.py)
+    fused_forward: bool = True  # Llama-family: the forward without transformers' layers (backends/fused_forward.py)
 
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)  # an unknown name, or a CPU without the fast kernel's instructions

@@ -42,6 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from verl_agentic.backends.attention import use_grouped_attention
 from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
+from verl_agentic.backends.fused_forward import FusedForward, fused_forward_supported
 from verl_agentic.backends.kv_slots import SlotKVCache
 from verl_agentic.backends.packed_linear import (PackedLinears, check_weight_dtype, packed_linear_supported,
                                                    weight_dtype_of)
@@ -51,7 +52,7 @@ from verl_agentic.interfaces import GenOutput, SamplingParams, check_keys
 __all__ = ["HFBackend", "filter_logits", "hf_options"]
 
 # The engine settings a config may set (``rollout.hf``), as HFBackend keyword arguments.
-OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear", "weight_dtype")
+OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear", "weight_dtype", "fused_forward")
 
 
 def hf_options(section: Any) -> dict[str, Any]:
@@ -174,6 +175,9 @@ class HFBackend(GenerationBackend):
             models only; refused (``ConfigError``) on a CPU without the instructions its fast kernel
             needs.
         weight_dtype_setting: the config key that set ``weight_dtype``, for error messages.
+        fused_forward: for Llama-family models whose linears run from copies (packed or low precision),
+            run the forward without transformers' layers (:mod:`verl_agentic.backends.fused_forward`:
+            q/k/v and gate/up fused, the same logits to the bit, checked at start; off where they differ).
     """
 
     def __init__(
@@ -192,6 +196,7 @@ class HFBackend(GenerationBackend):
         packed_linear: bool = True,
         weight_dtype: str | torch.dtype = "float32",
         weight_dtype_setting: str = "rollout.hf.weight_dtype",
+        fused_forward: bool = True,
     ) -> None:
         if weight_dtype_of(weight_dtype, weight_dtype_setting) != torch.float32:
             param = next(model.parameters())
@@ -236,6 +241,12 @@ class HFBackend(GenerationBackend):
                                                                self.weight_dtype, onednn=onednn)
         else:
             self._packed = PackedLinears(self.model, batch_hint=min(max_batch_size, 32)) if onednn else None
+        # where the linears run from copies anyway, the fused forward replaces them when it is exact here
+        self._fused: FusedForward | None = None
+        if fused_forward and self._packed is not None and fused_forward_supported(self.model):
+            fused = FusedForward(self.model, self.weight_dtype, min(max_batch_size, 32), onednn)
+            if fused.matches(self._transformers_forward, self._cache):
+                self._fused, self._packed = fused, None
         self.kv_budget_tokens = int(kv_cache_gb * 2**30) // self._cache.bytes_per_token
 
         # event loops -> engine thread
@@ -461,7 +472,7 @@ class HFBackend(GenerationBackend):
         self._reset(RuntimeError("HFBackend was closed"))
         # a closed backend holds no cache or packed weights, even while something still references it
         self._cache = SlotKVCache.for_model(self.model, self._cache.dtype, self.device)
-        self._owner, self._stamp, self._packed = [], [], None
+        self._owner, self._stamp, self._packed, self._fused = [], [], None, None
 
     def _exit_if_idle(self) -> bool:
         """Let the idle engine thread end (the next request starts a new one): a running thread keeps
@@ -524,6 +535,8 @@ class HFBackend(GenerationBackend):
                 self._free(slot)
             if self._packed is not None:
                 self._packed.pack()
+            if self._fused is not None:
+                self._fused.pack()
             self._weights_version = version
             self._clear_requested = False
 
@@ -699,9 +712,15 @@ class HFBackend(GenerationBackend):
         """One forward pass over slots ``rows``; float32 logits of each row's last query position."""
         mask = torch.arange(key_len, device=self.device).view(1, 1, 1, key_len) <= positions.unsqueeze(1).unsqueeze(-1)
         self._cache.plan(rows, write, key_len)
+        forward = self._fused if self._fused is not None else self._transformers_forward
+        return forward(input_ids, positions, mask, self._cache)
+
+    def _transformers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                              cache: SlotKVCache) -> torch.Tensor:
+        """The model's own forward (linears from the packed copies, if any) over a planned cache."""
         with self._packed.active() if self._packed is not None else contextlib.nullcontext():
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=self._cache, use_cache=True, **self._forward_kwargs)
+                             past_key_values=cache, use_cache=True, **self._forward_kwargs)
         return out.logits[:, -1, :].float()
 
     def _prefill_step(self) -> None:

@@ -158,21 +158,10 @@ class PackedLinears:
     def pack(self) -> None:
         """(Re)build the copies from the current weights."""
         with torch.inference_mode():
-            self._forwards = [self._make_forward(m.weight.detach(), m.bias) for m in self.linears]
-
-    def _make_forward(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        if self.weight_dtype == torch.float32:
-            if not self.onednn:
-                return None  # nn.Linear's own forward
-            return _packed_forward(torch.ops.mkldnn._reorder_linear_weight(weight, self.batch_hint), bias)
-        if self.weight_dtype == torch.bfloat16:
-            w = weight.to(torch.bfloat16)
-            b = None if bias is None else bias.detach().to(torch.bfloat16)
-            if self.onednn:
-                return _cast_forward(_packed_forward(torch.ops.mkldnn._reorder_linear_weight(w, self.batch_hint), b))
-            return _cast_forward(lambda x: F.linear(x, w, b))
-        q, scales = quantize_int8(weight)
-        return _int8_forward(q, scales.to(torch.bfloat16), None if bias is None else bias.detach())
+            self._forwards = [None if self.weight_dtype == torch.float32 and not self.onednn  # nn.Linear's own
+                              else linear_copy(m.weight.detach(), m.bias, self.weight_dtype, self.batch_hint,
+                                               self.onednn)
+                              for m in self.linears]
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -187,6 +176,25 @@ class PackedLinears:
         finally:
             for m in self.linears:
                 m.__dict__.pop("forward", None)  # back to nn.Linear.forward
+
+
+def linear_copy(weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, batch_hint: int,
+                onednn: bool):
+    """``x -> x @ weight.T + bias`` computed with a copy of ``weight`` in ``weight_dtype`` (fp32: packed
+    for oneDNN when ``onednn``, else the tensor itself), for fp32 activations."""
+    bias = None if bias is None else bias.detach()
+    if weight_dtype == torch.float32:
+        if onednn:
+            return _packed_forward(torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint), bias)
+        return lambda x: F.linear(x, weight, bias)
+    if weight_dtype == torch.bfloat16:
+        w = weight.to(torch.bfloat16).contiguous()
+        b = None if bias is None else bias.to(torch.bfloat16)
+        if onednn:
+            return _cast_forward(_packed_forward(torch.ops.mkldnn._reorder_linear_weight(w, batch_hint), b))
+        return _cast_forward(lambda x: F.linear(x, w, b))
+    q, scales = quantize_int8(weight)
+    return _int8_forward(q, scales.to(torch.bfloat16), bias)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
