@@ -118,7 +118,8 @@ def test_token_tis_weights_are_truncated_and_multiply_the_policy_loss(tiny_smol_
     assert torch.equal(mask_out, mask) and torch.equal(batch.response_mask, mask)
     torch.testing.assert_close(batch.extra["rollout_is_weights"], weights)
     assert m["rollout_corr/rollout_is_max"] == 1.5  # of the weights applied (token level)
-    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(float(((raw > 1.5) * mask).sum() / mask.sum()))
+    above = float(((raw > 1.5) * mask).sum() / mask.sum())
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(above)
     assert m["rollout_corr/kl"] > 0  # the rollout is surer of its own samples than the trainer
     logged = json.loads((tmp_path / "tis" / "metrics.jsonl").read_text().splitlines()[-1])
     assert {k: v for k, v in logged.items() if k.startswith("rollout_corr/")} == {
@@ -255,8 +256,10 @@ def test_bypass_mode_takes_the_rollout_logprobs_and_verls_bypass_loss(tiny_smol_
 
 
 @pytest.mark.parametrize("override,message", [
-    (f"{RC}rollout_is=tokn", r"^algorithm.rollout_correction.rollout_is must be null \(off\), token or sequence, got 'tokn'"),
-    (f"+{RC}rollout_iss=token", r"^unknown algorithm.rollout_correction keys \['rollout_iss'\]; known: \['rollout_is', "),
+    (f"{RC}rollout_is=tokn",
+     r"^algorithm.rollout_correction.rollout_is must be null \(off\), token or sequence, got 'tokn'"),
+    (f"+{RC}rollout_iss=token",
+     r"^unknown algorithm.rollout_correction keys \['rollout_iss'\]; known: \['rollout_is', "),
     (f"{RC}rollout_rs=token_k1", r"^algorithm.rollout_correction: rollout_rs_threshold must be explicitly provided"),
     (f"{RC}rollout_rs=token_k9,{RC}rollout_rs_threshold=2.0",
      r"^algorithm.rollout_correction: Invalid rollout_rs option: token_k9. Must be one of seq_max_k2, .*token_k1"),
@@ -265,7 +268,8 @@ def test_bypass_mode_takes_the_rollout_logprobs_and_verls_bypass_loss(tiny_smol_
     (f"{RC}rollout_is=token,{RC}rollout_is_threshold=high",
      r"^algorithm.rollout_correction: Invalid rollout_is_threshold 'high'. \(rollout_is_threshold: a number > 0 "),
     (f"{RC}rollout_is=sequence,{RC}rollout_is_threshold='2_1'", r"lower bound must be <= upper bound"),
-    (f"{RC}rollout_is_threshold=[2]", r"^algorithm.rollout_correction.rollout_is_threshold must be a number or a string"),
+    (f"{RC}rollout_is_threshold=[2]",
+     r"^algorithm.rollout_correction.rollout_is_threshold must be a number or a string"),
     (f"{RC}loss_type=ppo", r"^algorithm.rollout_correction.loss_type must be ppo_clip or reinforce, got 'ppo'"),
     (f"{RC}bypass_mode=yes", r"^algorithm.rollout_correction.bypass_mode must be true or false, got 'yes'"),
 ])

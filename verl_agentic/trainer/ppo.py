@@ -74,6 +74,7 @@ def _verl():
 
 
 def _rollout_corr_helper():
+    """verl's rollout-correction helper (TIS/MIS; imported lazily, as in :func:`_verl`)."""
     from verl.trainer.ppo import rollout_corr_helper
 
     return rollout_corr_helper
@@ -333,12 +334,11 @@ class PPOTrainer:
         self.rollout_cfg = c.rollout
         self.algo = algo_config(c)
         self.actor_cfg = actor_config(c)
-        self.correction = c.algorithm.rollout_correction
+        rc = self.correction = c.algorithm.rollout_correction
         # decoupled rollout correction (verl's default mode) weighs pi_old / pi_rollout: pi_old must be the
         # trainer's own logprobs, so they are recomputed whatever actor.recompute_old_logprobs says
-        self.recompute_old = c.actor.recompute_old_logprobs or (self.correction.corrects and not self.correction.bypass_mode)
-        if self.correction.corrects:
-            rc = self.correction
+        self.recompute_old = c.actor.recompute_old_logprobs or (rc.corrects and not rc.bypass_mode)
+        if rc.corrects or rc.bypass_mode:
             how = ("bypass_mode: old logprobs = the rollout's, verl's bypass_mode loss (loss_type="
                    f"{rc.loss_type})") if rc.bypass_mode else (
                 "old logprobs recomputed by the trainer" + ("" if c.actor.recompute_old_logprobs else
