@@ -306,3 +306,15 @@ def test_the_defaults_are_verls():
     assert OmegaConf.to_container(ours.algorithm.rollout_correction) == verl_yaml
     assert not RunConfig.parse(ours).algorithm.rollout_correction.corrects
     assert algo_config(ours).rollout_correction.rollout_is is None
+
+
+def test_main_ppo_reports_a_bad_setting_in_one_line(tmp_path):
+    """The CLI: exit code 2 and the message, no traceback, before any model loads."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "verl_agentic.main_ppo", f"output.dir={tmp_path}",
+                        f"{RC}rollout_is=tokn"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "algorithm.rollout_correction.rollout_is must be null (off), token or sequence, got 'tokn'" in r.stderr
