@@ -174,12 +174,14 @@ if [[ "$DEVICE" == cpu ]]; then
       +actor_rollout_ref.rollout.enable_sleep_mode=false   # vLLM has no sleep mode on CPU
       actor_rollout_ref.rollout.free_cache_engine=false    # (freeing the cache engine puts vLLM to sleep)
       actor_rollout_ref.rollout.enforce_eager=true         # no CUDA graphs on CPU
-      actor_rollout_ref.rollout.dtype=float32    # as the trainer; bf16 is fast only with avx512_bf16/AMX
       actor_rollout_ref.rollout.max_num_seqs=64
     )
   else
     OVERRIDES+=(actor_rollout_ref.rollout.name=hf)  # verl_agentic's HF-backend rollout (verl_plugin/cpu/hf_rollout.py)
   fi
+  # the rollout's precision: float32 as the trainer (exact); bfloat16 generates with bf16 weights (fast
+  # only with avx512_bf16/AMX: the hf rollout refuses otherwise; correct with algorithm.rollout_correction)
+  OVERRIDES+=(actor_rollout_ref.rollout.dtype=float32)
 else
   OVERRIDES+=(
     data.train_batch_size=128                    # prompts per step (x rollout.n episodes)

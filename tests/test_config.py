@@ -256,6 +256,7 @@ def test_the_python_api_defaults_are_the_clis():
     ("rollout.hf.prefill_chunk_tokens=0", r"^rollout.hf.prefill_chunk_tokens must be >= 1, got 0"),
     ("rollout.hf.num_threads=two", r"^rollout.hf.num_threads must be an integer or null, got 'two'"),
     ("+rollout.hf.kv_cache=1", r"^unknown rollout.hf keys \['kv_cache'\]"),
+    ("rollout.hf.weight_dtype=bf17", r"^rollout.hf.weight_dtype must be one of float32 \(fp32\), bfloat16 \(bf16\), int8; got 'bf17'"),
     ("reward.timeout_s=soon", r"^reward.timeout_s must be a number or null, got 'soon'"),
     ("trainer.warn_missing_reward_share=2", r"warn_missing_reward_share must be in \[0, 1\], got 2"),
     ("data.on_bad_row=ignore", r"^data.on_bad_row must be one of fail, skip, got 'ignore'"),

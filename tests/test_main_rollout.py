@@ -56,6 +56,7 @@ def test_cli_unknown_task_type_lists_registered(tmp_path):
     ("+task.gsm8kk.feedback=retry", "unknown task section task.gsm8kk: no task 'gsm8kk' is registered"),
     ("reward.scorer_kwargs={gsm8kk: {method: strict}}", "reward.scorer_kwargs: no scorer 'gsm8kk' is registered"),
     ("rollout.hf.kv_cache_gb=0", "rollout.hf.kv_cache_gb must be > 0, got 0"),
+    ("rollout.hf.weight_dtype=fp8", "rollout.hf.weight_dtype must be one of float32 (fp32), bfloat16 (bf16), int8; got 'fp8'"),
 ])
 def test_cli_bad_input_is_one_clear_line(override, message, tmp_path, tiny_qwen_dir):
     r = _run(override, f"model.path={tiny_qwen_dir}" if "model.path" not in override else "seed=0",

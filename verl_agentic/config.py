@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_agentic.backends.packed_linear import check_weight_dtype
 from verl_agentic.interfaces import ConfigError, check_keys, parse_section
 from verl_agentic.registry import import_modules
 from verl_agentic.models.embedded import resolve_model_path
@@ -99,8 +100,10 @@ class HFConfig:
     prefill_chunk_tokens: int = 256
     num_threads: Optional[int] = None  # None: torch's default
     packed_linear: bool = True
+    weight_dtype: str = "float32"  # float32 | bfloat16 | int8 (backends/packed_linear.py)
 
     def __post_init__(self) -> None:
+        check_weight_dtype(self.weight_dtype)  # an unknown name, or a CPU without the fast kernel's instructions
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"rollout.hf.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         _at_least("rollout.hf", self, ("prefill_chunk_tokens",), 1)

@@ -43,14 +43,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from verl_agentic.backends.attention import use_grouped_attention
 from verl_agentic.backends.base import GenerationBackend, stop_ids_from_configs
 from verl_agentic.backends.kv_slots import SlotKVCache
-from verl_agentic.backends.packed_linear import PackedLinears, packed_linear_supported
+from verl_agentic.backends.packed_linear import (PackedLinears, check_weight_dtype, packed_linear_supported,
+                                                   weight_dtype_of)
 from verl_agentic.backends.sampling import filter_logits, sample_rows
 from verl_agentic.interfaces import GenOutput, SamplingParams, check_keys
 
 __all__ = ["HFBackend", "filter_logits", "hf_options"]
 
 # The engine settings a config may set (``rollout.hf``), as HFBackend keyword arguments.
-OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear")
+OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear", "weight_dtype")
 
 
 def hf_options(section: Any) -> dict[str, Any]:
@@ -167,6 +168,12 @@ class HFBackend(GenerationBackend):
         packed_linear: on CPU in fp32, run the linear layers through oneDNN with weights packed once
             (:mod:`verl_agentic.backends.packed_linear`; repacked when the weights change). It costs
             a second copy of the linear weights; turned off where the ops are missing or disagree.
+        weight_dtype: ``float32`` (default, exact), or ``bfloat16`` / ``int8``: generate with a copy of
+            the linear weights in fewer bytes (the model keeps its fp32 weights; its logprobs are then
+            the low-precision model's, see :mod:`verl_agentic.backends.packed_linear`). CPU and fp32
+            models only; refused (``ConfigError``) on a CPU without the instructions its fast kernel
+            needs.
+        weight_dtype_setting: the config key that set ``weight_dtype``, for error messages.
     """
 
     def __init__(
@@ -183,7 +190,16 @@ class HFBackend(GenerationBackend):
         prefill_chunk_tokens: int = 256,
         num_threads: int | None = None,
         packed_linear: bool = True,
+        weight_dtype: str | torch.dtype = "float32",
+        weight_dtype_setting: str = "rollout.hf.weight_dtype",
     ) -> None:
+        if weight_dtype_of(weight_dtype, weight_dtype_setting) != torch.float32:
+            param = next(model.parameters())
+            if torch.device(device).type != "cpu" or param.dtype != torch.float32:
+                raise ValueError(f"weight_dtype={weight_dtype} is for a float32 model on CPU (this one is "
+                                 f"{param.dtype}, to run on {device}); elsewhere load the model in the dtype "
+                                 "to generate in")
+        self.weight_dtype = check_weight_dtype(weight_dtype, setting=weight_dtype_setting)  # the CPU, before any work
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefill_chunk_tokens < 1:
@@ -214,8 +230,12 @@ class HFBackend(GenerationBackend):
         self._seed_rng = random.Random(seed)
         dtype = next(self.model.parameters()).dtype
         self._cache = SlotKVCache.for_model(self.model, dtype, self.device)
-        self._packed = (PackedLinears(self.model, batch_hint=min(max_batch_size, 32))
-                        if packed_linear and packed_linear_supported(self.model) else None)
+        onednn = packed_linear and packed_linear_supported(self.model)
+        if self.weight_dtype != torch.float32:
+            self._packed: PackedLinears | None = PackedLinears(self.model, min(max_batch_size, 32),
+                                                               self.weight_dtype, onednn=onednn)
+        else:
+            self._packed = PackedLinears(self.model, batch_hint=min(max_batch_size, 32)) if onednn else None
         self.kv_budget_tokens = int(kv_cache_gb * 2**30) // self._cache.bytes_per_token
 
         # event loops -> engine thread

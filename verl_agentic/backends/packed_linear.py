@@ -12,6 +12,15 @@ untouched (a trainer sharing the model object computes as before, with gradients
 stale once the weights change: the backend calls :meth:`pack` again when the parameters' version
 counters move. The ops are private to torch, so :func:`packed_linear_supported` checks that they exist
 and agree with ``F.linear`` before anything uses them; otherwise the backend keeps ``F.linear``.
+
+**Fewer bytes per weight** (``weight_dtype``, opt-in): the copies can be ``bfloat16`` (oneDNN's packed
+bf16 inner product) or ``int8`` (per-output-channel symmetric scales, torch's weight-only int8 matmul
+``_weight_int8pack_mm``). The model keeps its fp32 weights (a trainer sharing it is untouched); the
+activations enter each linear in bf16 and leave in the model's dtype, so norms, residuals, attention
+and the KV cache stay fp32. Generation then differs from the fp32 model's (its logprobs are the
+low-precision model's): the trainer corrects that with rollout correction (docs/training.md). Both paths
+are fast only with the right instructions: :func:`check_weight_dtype` refuses, before anything loads,
+where torch would fall back to a slow kernel (DEVLOG: bf16 once ran on a reference GEMM).
 """
 
 from __future__ import annotations
@@ -23,15 +32,81 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from verl_agentic.interfaces import ConfigError
+
 logger = logging.getLogger(__name__)
 
-# torch private ops used here (a test checks they still exist): oneDNN linear with a packed weight.
-PRIVATE_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise")
+# torch private ops used here (a test checks they still exist): oneDNN linear with a packed weight,
+# the weight-only int8 matmul, and the CPU's instruction sets as torch's cpuinfo sees them.
+PRIVATE_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise", "aten._weight_int8pack_mm")
+PRIVATE_FUNCTIONS = ("torch._C._cpu._get_cpu_capability",)
+
+# weight_dtype names (the first of each pair is the canonical one)
+WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32,
+                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                 "int8": torch.int8}
+
+# what each low-precision path needs from the CPU to run its fast kernel (any one of the flags, as
+# torch's cpuinfo names them): oneDNN's bf16 GEMM uses AVX512-BF16 or AMX (x86) / BF16 (Arm); torch's
+# int8 weight-only matmul has a vectorized kernel for AVX512 (x86) and Arm NEON.
+FAST_PATH_FLAGS = {
+    torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"),
+    torch.int8: ("avx512_f", "neon", "asimd"),
+}
+
+
+def weight_dtype_of(name: str | torch.dtype, setting: str = "rollout.hf.weight_dtype") -> torch.dtype:
+    """The torch dtype of a ``weight_dtype`` name (``float32|fp32``, ``bfloat16|bf16``, ``int8``).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if isinstance(name, torch.dtype) and name in WEIGHT_DTYPES.values():
+        return name
+    if isinstance(name, str) and name.lower() in WEIGHT_DTYPES:
+        return WEIGHT_DTYPES[name.lower()]
+    raise ConfigError(f"{setting} must be one of float32 (fp32), bfloat16 (bf16), int8; got {name!r}")
+
+
+def cpu_flags() -> dict[str, object]:
+    """The CPU's features as torch's bundled cpuinfo reports them (``{"avx512_bf16": True, ...}``)."""
+    return dict(torch._C._cpu._get_cpu_capability())
+
+
+def check_weight_dtype(name: str | torch.dtype, flags: dict[str, object] | None = None,
+                       setting: str = "rollout.hf.weight_dtype") -> torch.dtype:
+    """Check that generation can use ``weight_dtype`` on this CPU at full speed; return its torch dtype.
+
+    Args:
+        name: the ``weight_dtype`` setting.
+        flags: the CPU's features (default: :func:`cpu_flags`; a test passes a CPU it does not have).
+        setting: the config key the messages name.
+
+    Raises:
+        ConfigError: an unknown name, or a CPU without the instructions the low-precision kernel needs
+            (the message names them and what this CPU is).
+    """
+    dtype = weight_dtype_of(name, setting)
+    if dtype == torch.float32:
+        return dtype
+    flags = cpu_flags() if flags is None else flags
+    needed = FAST_PATH_FLAGS[dtype]
+    if not any(flags.get(flag) for flag in needed):
+        label = "bfloat16" if dtype == torch.bfloat16 else "int8"
+        raise ConfigError(
+            f"{setting}={label} needs one of the CPU instruction sets {', '.join(needed)} "
+            f"for a fast kernel, and this CPU ({flags.get('cpu_name', 'unknown')}, "
+            f"{flags.get('architecture', 'unknown architecture')}) has none: torch would run a slow reference "
+            f"kernel, slower than float32. Use {setting}=float32.")
+    if dtype == torch.int8 and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        raise ConfigError(f"{setting}=int8 needs torch's _weight_int8pack_mm, missing in torch "
+                          f"{torch.__version__}; use bfloat16 or float32")
+    return dtype
 
 
 def _ops_exist() -> bool:
     return (torch.backends.mkldnn.is_available()
-            and all(hasattr(getattr(torch.ops, ns), name) for ns, name in (op.split(".") for op in PRIVATE_OPS)))
+            and all(hasattr(getattr(torch.ops, ns), name) for ns, name in (op.split(".") for op in PRIVATE_OPS[:2])))
 
 
 def packed_linear_supported(model: torch.nn.Module) -> bool:
@@ -54,26 +129,59 @@ def packed_linear_supported(model: torch.nn.Module) -> bool:
 
 
 class PackedLinears:
-    """Packed copies of a model's fp32 linear weights and a context that computes with them."""
+    """Packed (and optionally lower-precision) copies of a model's fp32 linear weights and a context
+    that computes with them.
 
-    def __init__(self, model: torch.nn.Module, batch_hint: int = 8) -> None:
+    Args:
+        model: the model whose ``nn.Linear`` layers are copied (its weights are never changed).
+        batch_hint: the batch size oneDNN packs fp32/bf16 weights for.
+        weight_dtype: ``float32`` (exact, the weights reordered for oneDNN), ``bfloat16`` or ``int8``
+            (see the module docstring; check the CPU first with :func:`check_weight_dtype`).
+        onednn: pack through oneDNN (``packed_linear_supported``); False keeps plain tensors for
+            ``F.linear`` (bf16) — int8 never uses oneDNN.
+    """
+
+    def __init__(self, model: torch.nn.Module, batch_hint: int = 8, weight_dtype: str | torch.dtype = "float32",
+                 onednn: bool = True) -> None:
         self.linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         self.batch_hint = batch_hint
-        self._packed: list[torch.Tensor] = []
+        self.weight_dtype = weight_dtype_of(weight_dtype)
+        self.onednn = onednn and _ops_exist()
+        self._forwards: list = []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the copies take (what generation reads per step, besides embeddings and norms)."""
+        size = {torch.float32: 4, torch.bfloat16: 2, torch.int8: 1}[self.weight_dtype]
+        return sum(m.weight.numel() * size for m in self.linears)
 
     def pack(self) -> None:
-        """(Re)build the packed weights from the current ones."""
+        """(Re)build the copies from the current weights."""
         with torch.inference_mode():
-            self._packed = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), self.batch_hint)
-                            for m in self.linears]
+            self._forwards = [self._make_forward(m.weight.detach(), m.bias) for m in self.linears]
+
+    def _make_forward(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        if self.weight_dtype == torch.float32:
+            if not self.onednn:
+                return None  # nn.Linear's own forward
+            return _packed_forward(torch.ops.mkldnn._reorder_linear_weight(weight, self.batch_hint), bias)
+        if self.weight_dtype == torch.bfloat16:
+            w = weight.to(torch.bfloat16)
+            b = None if bias is None else bias.detach().to(torch.bfloat16)
+            if self.onednn:
+                return _cast_forward(_packed_forward(torch.ops.mkldnn._reorder_linear_weight(w, self.batch_hint), b))
+            return _cast_forward(lambda x: F.linear(x, w, b))
+        q, scales = quantize_int8(weight)
+        return _int8_forward(q, scales.to(torch.bfloat16), None if bias is None else bias.detach())
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Inside: every linear layer computes with its packed weight (no autograd)."""
-        if not self._packed:
+        """Inside: every linear layer computes with its copy (no autograd)."""
+        if not self._forwards:
             self.pack()
-        for m, packed in zip(self.linears, self._packed):
-            m.__dict__["forward"] = _packed_forward(packed, m.bias)  # an instance attribute wins over the method
+        for m, forward in zip(self.linears, self._forwards):
+            if forward is not None:
+                m.__dict__["forward"] = forward  # an instance attribute wins over the method
         try:
             yield
         finally:
@@ -81,8 +189,34 @@ class PackedLinears:
                 m.__dict__.pop("forward", None)  # back to nn.Linear.forward
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: ``weight ~= q * scales[:, None]``, ``|q| <= 127``."""
+    scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scales.float()
+
+
 def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None):
     def forward(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    return forward
+
+
+def _cast_forward(inner):
+    """A bf16 linear for fp32 activations: cast in, compute, cast back."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return inner(x.to(torch.bfloat16)).to(x.dtype)
+
+    return forward
+
+
+def _int8_forward(q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int8pack_mm(flat, q, scales).to(x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], q.shape[0])
 
     return forward

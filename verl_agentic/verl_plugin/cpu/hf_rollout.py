@@ -80,12 +80,17 @@ class HFRolloutServer:
                                                   trust_remote_code=model_config.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                      trust_remote_code=model_config.trust_remote_code)
-        # no packed linear copies here: this actor shares the machine with verl's FSDP workers, and a
+        # no packed fp32 linear copies here: this actor shares the machine with verl's FSDP workers, and a
         # second copy of the weights (and its repack after every push) cost memory Ray then reclaims by
-        # killing an actor (NODE_OUT_OF_MEMORY, seen on 24 GB); the KV cache is kept to 1 GB
+        # killing an actor (NODE_OUT_OF_MEMORY, seen on 24 GB); the KV cache is kept to 1 GB.
+        # actor_rollout_ref.rollout.dtype (verl's name for the rollout's precision, vLLM's dtype) is the
+        # engine's weight_dtype: bfloat16 generates with a bf16 copy of the linear weights (half the
+        # fp32 copy's bytes; the pushed weights stay fp32); the CPU launch script sets float32.
         self.backend = HFBackend(model, tokenizer, max_batch_size=int(config.max_num_seqs or 64),
                                  seed=int(getattr(config, "seed", 0) or 0) + replica_rank,
-                                 packed_linear=False, kv_cache_gb=1.0)
+                                 packed_linear=False, kv_cache_gb=1.0,
+                                 weight_dtype=str(getattr(config, "dtype", None) or "float32"),
+                                 weight_dtype_setting="actor_rollout_ref.rollout.dtype")
         # verl's generate signature and sampling dict -> our backend (refuses what it cannot do)
         self.client = BackendLLMClient(self.backend, default_max_tokens=int(config.response_length))
         self.tied = self._tied_names(model)
@@ -96,8 +101,8 @@ class HFRolloutServer:
         self._gate = asyncio.Event()  # set: requests are admitted
         self._gate.set()
         self._rejecting = False
-        logger.info("hf rollout server %d: %s (%d tensors, max batch %d)", replica_rank, path,
-                    len(self.expected), self.backend.max_batch_size)
+        logger.info("hf rollout server %d: %s (%d tensors, max batch %d, weights %s)", replica_rank, path,
+                    len(self.expected), self.backend.max_batch_size, self.backend.weight_dtype)
 
     @staticmethod
     def _tied_names(model: Any) -> set[str]:
