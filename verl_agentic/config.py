@@ -234,6 +234,75 @@ class KLControlConfig:
     target_kl: float = 0.1
 
 
+ROLLOUT_IS_LEVELS = ("token", "sequence")  # verl's rollout_corr_helper.compute_rollout_correction_weights
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # verl's core_algos.compute_policy_loss_bypass_mode
+
+
+def _check_with_verl(c: RolloutCorrectionConfig) -> None:
+    """verl's own checks of the IS level, thresholds and rejection options: its helper run on one token."""
+    # on first use: importing verl takes seconds, and only a config that turns the correction on needs it
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    hints = {"rollout_is_threshold": "a number > 0 (TIS: weights truncated there) or \"lower_upper\" "
+                                     "(IcePop: weights outside [lower, upper] set to 0), e.g. 2.0 or \"0.5_5.0\"",
+             "rollout_rs_threshold": "one value for all rollout_rs options or one per option, comma-separated: "
+                                     "\"lower_upper\" or an upper ratio for *_k1, an upper bound for *_k2/*_k3"}
+    zero = torch.zeros(1, 1)
+    try:
+        compute_rollout_correction_and_rejection_mask(
+            old_log_prob=zero, rollout_log_prob=zero, response_mask=torch.ones(1, 1), rollout_is=c.rollout_is,
+            rollout_is_threshold=c.rollout_is_threshold, rollout_is_batch_normalize=c.rollout_is_batch_normalize,
+            rollout_rs=c.rollout_rs, rollout_rs_threshold=c.rollout_rs_threshold)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        if msg.startswith("Invalid rollout_rs option"):  # verl's message lists the options
+            msg = msg.replace("[", "").replace("]", "").replace("'", "")
+        # verl names the threshold it rejects, or (a per-option threshold) the option
+        name = next((k for k in hints if k in msg), "rollout_rs_threshold" if "option '" in msg else None)
+        hint = f" ({name}: {hints[name]})" if name else ""
+        raise ConfigError(f"algorithm.rollout_correction: {msg}{hint}") from None
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """``algorithm.rollout_correction``: verl's ``RolloutCorrectionConfig`` (the keys, defaults and meanings of
+    verl 0.9.1's ``trainer/config/algorithm/rollout_correction.yaml``: all off). TIS/MIS for rollouts whose
+    logprobs differ from the trainer's: ``rollout_is`` weights (``token`` | ``sequence``, truncated at
+    ``rollout_is_threshold``, or IcePop for ``"lower_upper"``) multiply the policy-gradient loss per token;
+    ``rollout_rs`` (comma-separated ``token_k1`` | ``seq_sum_k1`` | ... with ``rollout_rs_threshold``)
+    drops tokens or whole sequences from ``response_mask``. Values are checked by running verl's own
+    helper once on a one-token batch (``__post_init__``), so its rules and messages apply."""
+
+    rollout_is: Optional[str] = None
+    rollout_is_threshold: Any = 2.0  # a number or a string: "2.0" (TIS) or "0.5_5.0" (IcePop)
+    rollout_rs: Optional[str] = None
+    rollout_rs_threshold: Optional[Any] = None  # a number or a string, one per rollout_rs option
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+    rollout_is_batch_normalize: bool = False
+
+    @property
+    def corrects(self) -> bool:
+        """IS weights or a rejection mask asked for (otherwise only verl's ``rollout_corr/*`` metrics)."""
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+    def __post_init__(self) -> None:
+        key = "algorithm.rollout_correction"
+        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS:
+            raise ConfigError(f"{key}.rollout_is must be null (off), {' or '.join(ROLLOUT_IS_LEVELS)}, "
+                              f"got {self.rollout_is!r}")
+        if self.loss_type not in BYPASS_LOSS_TYPES:
+            raise ConfigError(f"{key}.loss_type must be {' or '.join(BYPASS_LOSS_TYPES)}, got {self.loss_type!r}")
+        for name in ("rollout_is_threshold", "rollout_rs_threshold"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float, str)) and not isinstance(v, bool)) and not (
+                    v is None and name == "rollout_rs_threshold"):
+                raise ConfigError(f"{key}.{name} must be a number or a string like \"0.5_2.0\", got {v!r}")
+        if self.corrects:
+            _check_with_verl(self)
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """``algorithm``: verl's ``AlgoConfig`` keys plus ``turn_rewards``."""
@@ -246,6 +315,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,12 @@ One step::
     scores = reward manager (or the episodes' own rewards)
     batch = pad (verl layout), token-level scores on each episode's last generated token
     [ref logprobs, old values]                   (when KL or GAE need them)
-    old logprobs = rollout logprobs | recomputed (actor.recompute_old_logprobs); the gap is logged
+    old logprobs = rollout logprobs | recomputed (actor.recompute_old_logprobs, or rollout correction on);
+                   the gap is logged
     [in-reward KL]  verl ray_trainer.apply_kl_penalty
+    [rollout correction]  verl rollout_corr_helper.compute_rollout_correction_and_add_to_batch (algorithm.
+                   rollout_correction: TIS/MIS): IS weights for the policy loss, rejection in response_mask,
+                   rollout_corr/* metrics (whenever old logprobs were recomputed), as verl's trainer does
     advantages      verl ray_trainer.compute_advantage -> core_algos registry (grpo, rloo, gae, ...)
     update          per mini-batch (micro-batches accumulate): verl's policy-loss registry
                     (clipped PPO), agg_loss modes, entropy bonus, KL loss, value loss; clip; AdamW
@@ -69,6 +73,13 @@ def _verl():
     return core_algos, ray_trainer, verl_F
 
 
+def _rollout_corr_helper():
+    """verl's rollout-correction helper (TIS/MIS; imported lazily, as in :func:`_verl`)."""
+    from verl.trainer.ppo import rollout_corr_helper
+
+    return rollout_corr_helper
+
+
 # ----------------------------------------------------------------------------------------------
 # config
 
@@ -80,6 +91,15 @@ def _training(cfg: DictConfig | RunConfig) -> RunConfig:
         raise ConfigError("training needs the sections trainer, actor, algorithm and critic: "
                           "compose ppo.yaml (load_config(..., config_name='ppo'))")
     return c
+
+
+def rollout_correction_config(cfg: DictConfig | RunConfig):
+    """verl's ``RolloutCorrectionConfig`` from ``algorithm.rollout_correction`` (checked by ``config.py``)."""
+    from dataclasses import asdict
+
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    return RolloutCorrectionConfig(**asdict(_training(cfg).algorithm.rollout_correction))
 
 
 def algo_config(cfg: DictConfig | RunConfig):
@@ -99,11 +119,16 @@ def algo_config(cfg: DictConfig | RunConfig):
         use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
         kl_ctrl=KLControlConfig(type=a.kl_ctrl.type, kl_coef=a.kl_ctrl.kl_coef, horizon=a.kl_ctrl.horizon,
                                 target_kl=a.kl_ctrl.target_kl),
+        rollout_correction=rollout_correction_config(cfg),
     )
 
 
 def actor_config(cfg: DictConfig | RunConfig):
-    """verl's ``ActorConfig`` (what its policy-loss functions read) from our ``actor`` section."""
+    """verl's ``ActorConfig`` (what its policy-loss functions read) from our ``actor`` section.
+
+    ``algorithm.rollout_correction.bypass_mode``: as verl's ``apply_bypass_mode`` does, the loss becomes
+    verl's ``bypass_mode`` (``loss_type`` ppo_clip or reinforce, IS/rejection inside the loss, against the
+    rollout's logprobs), carrying the correction settings."""
     from verl.workers.config import ActorConfig as VerlActorConfig
     from verl.workers.config.actor import PolicyLossConfig
 
@@ -115,6 +140,18 @@ def actor_config(cfg: DictConfig | RunConfig):
     except ValueError:
         known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
         raise ConfigError(f"unknown actor.policy_loss {a.policy_loss!r}; verl has: {known}") from None
+    policy_loss = PolicyLossConfig(loss_mode=a.policy_loss)
+    if c.algorithm.rollout_correction.bypass_mode:
+        # verl's trainer silently replaces the loss and the old logprobs here; a setting that would be
+        # ignored is an error instead
+        if a.policy_loss != "vanilla":
+            raise ConfigError(f"algorithm.rollout_correction.bypass_mode=true uses verl's bypass_mode loss "
+                              f"(loss_type=ppo_clip|reinforce), not actor.policy_loss={a.policy_loss!r}: "
+                              f"leave actor.policy_loss=vanilla")
+        if a.recompute_old_logprobs:
+            raise ConfigError("algorithm.rollout_correction.bypass_mode=true takes the rollout's logprobs as the "
+                              "old logprobs: set actor.recompute_old_logprobs=false (or bypass_mode=false)")
+        policy_loss = PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rollout_correction_config(c))
     try:
         return VerlActorConfig(
             strategy="verl_agentic", rollout_n=c.rollout.n, ppo_mini_batch_size=a.ppo_mini_batch_size,
@@ -122,7 +159,7 @@ def actor_config(cfg: DictConfig | RunConfig):
             clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, entropy_coeff=a.entropy_coeff,
             use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-            use_torch_compile=False, policy_loss=PolicyLossConfig(loss_mode=a.policy_loss),
+            use_torch_compile=False, policy_loss=policy_loss,
         )
     except (ValueError, AssertionError) as e:
         raise ConfigError(f"actor: {e}") from None
@@ -297,6 +334,17 @@ class PPOTrainer:
         self.rollout_cfg = c.rollout
         self.algo = algo_config(c)
         self.actor_cfg = actor_config(c)
+        rc = self.correction = c.algorithm.rollout_correction
+        # decoupled rollout correction (verl's default mode) weighs pi_old / pi_rollout: pi_old must be the
+        # trainer's own logprobs, so they are recomputed whatever actor.recompute_old_logprobs says
+        self.recompute_old = c.actor.recompute_old_logprobs or (rc.corrects and not rc.bypass_mode)
+        if rc.corrects or rc.bypass_mode:
+            how = ("bypass_mode: old logprobs = the rollout's, verl's bypass_mode loss (loss_type="
+                   f"{rc.loss_type})") if rc.bypass_mode else (
+                "old logprobs recomputed by the trainer" + ("" if c.actor.recompute_old_logprobs else
+                                                            " (actor.recompute_old_logprobs=false overridden)"))
+            self._log(f"rollout correction on (rollout_is={rc.rollout_is}, threshold {rc.rollout_is_threshold}; "
+                      f"rollout_rs={rc.rollout_rs}, threshold {rc.rollout_rs_threshold}): {how}")
         self.task_configs = c.task
         self.skipped_rows: list[BadRow] = []  # data.on_bad_row=skip: written to output.dir/skipped_rows.jsonl
         self.rows = load_rows(resolve_data_path(c.data.path), c.task_type, c.data.max_samples,
@@ -582,6 +630,7 @@ class PPOTrainer:
     def train_step(self) -> dict[str, float]:
         """One rollout + update; returns the step's metrics (also written to metrics.jsonl)."""
         core_algos, ray_trainer, verl_F = _verl()
+        rollout_corr_helper = _rollout_corr_helper()
         timing: dict[str, float] = {}
         t_step = time.perf_counter()
         rows = self._next_rows()
@@ -608,11 +657,14 @@ class PPOTrainer:
             raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
         batch = build_batch([t for t, _ in train], [r for _, r in train], self.pad_id,
                             uids=[t["group"] for t, _ in train], turn_rewards=self.conf.algorithm.turn_rewards)
-        mask = batch.response_mask
+        mask = generated = batch.response_mask
 
         t0 = time.perf_counter()
         missing_lp = any(lp is None for t, _ in train for lp, m in zip(t["response_logprobs"], t["response_mask"]) if m)
-        recompute = self.conf.actor.recompute_old_logprobs or missing_lp
+        if missing_lp and (self.correction.corrects or self.correction.bypass_mode):
+            raise RuntimeError(f"step {self.step + 1}: algorithm.rollout_correction needs the rollout's logprobs, and "
+                               f"some generated tokens have none (a backend that does not return logprobs)")
+        recompute = self.recompute_old or missing_lp
         gap_measured_on = None
         if recompute:
             old, _ = self._no_grad_pass(batch, self.model)
@@ -641,6 +693,15 @@ class PPOTrainer:
             metrics.update(kl_metrics)
         else:
             data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        if recompute and not missing_lp:
+            # as verl's trainer (decoupled mode): IS weights and rejection from pi_old vs pi_rollout, before
+            # the advantages (a rejected token gets none); with rollout_is and rollout_rs off, only the metrics
+            data, corr_metrics = rollout_corr_helper.compute_rollout_correction_and_add_to_batch(
+                data, self.algo.rollout_correction)
+            metrics.update(corr_metrics)
+            batch.response_mask = mask = data.batch["response_mask"]
+            if "rollout_is_weights" in data.batch:
+                batch.extra["rollout_is_weights"] = data.batch["rollout_is_weights"]
         data = ray_trainer.compute_advantage(
             data, adv_estimator=self.algo.adv_estimator, gamma=self.algo.gamma, lam=self.algo.lam,
             num_repeat=self.conf.rollout.n, norm_adv_by_std_in_grpo=self.algo.norm_adv_by_std_in_grpo,
@@ -662,7 +723,7 @@ class PPOTrainer:
         timing["timing/step_s"] = time.perf_counter() - t_step
         metrics.update(timing)
         metrics["perf/tokens"] = tokens
-        metrics["perf/generated_tokens"] = float(mask.sum())
+        metrics["perf/generated_tokens"] = float(generated.sum())
         metrics["perf/update_tokens_per_s"] = tokens * self.conf.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["data/epoch"] = float(self.epoch)
@@ -723,8 +784,8 @@ class PPOTrainer:
         ``actor.skip_zero_advantage`` and no other loss term (entropy bonus, KL loss, critic) it is
         not forwarded. The result is the same update (``tests/test_trainer.py`` compares weights)."""
         a = self.conf.actor
-        if (not a.skip_zero_advantage or a.entropy_coeff or a.use_kl_loss
-                or self.value_head is not None or a.policy_loss not in ZERO_AT_ZERO_ADVANTAGE):
+        if (not a.skip_zero_advantage or a.entropy_coeff or a.use_kl_loss or self.value_head is not None
+                or self.actor_cfg.policy_loss.loss_mode not in ZERO_AT_ZERO_ADVANTAGE):
             return [True] * batch.size
         adv = batch.extra["advantages"] * batch.response_mask
         return (adv.abs().amax(-1) > 0).tolist()
@@ -732,7 +793,7 @@ class PPOTrainer:
     def _update(self, batch: TrainBatch, measure_gap: bool) -> dict[str, float]:
         core_algos, _, verl_F = _verl()
         a = self.conf.actor
-        policy_loss_fn = core_algos.get_policy_loss_fn(a.policy_loss)
+        policy_loss_fn = core_algos.get_policy_loss_fn(self.actor_cfg.policy_loss.loss_mode)  # bypass_mode too
         mode = a.loss_agg_mode
         entropy_coeff = a.entropy_coeff
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -765,7 +826,7 @@ class PPOTrainer:
                     pg_loss, pg_metrics = policy_loss_fn(
                         old_log_prob=mb.extra["old_log_probs"], log_prob=out.log_probs,
                         advantages=mb.extra["advantages"], response_mask=m, loss_agg_mode=mode,
-                        config=self.actor_cfg)
+                        config=self.actor_cfg, rollout_is_weights=mb.extra.get("rollout_is_weights"))
                     loss = pg_loss
                     if entropy_coeff:
                         loss = loss - entropy_coeff * core_algos.agg_loss(out.entropy, m, mode, **gbi)
