@@ -3,19 +3,20 @@
     .venv/bin/python bench/decode_step.py [--batch 8] [--context 500] [--steps 20]
 
 One decode step (one new token for each of ``--batch`` rows whose KV cache holds ``--context`` tokens),
-the embedded SmolLM2 in float32, timed side by side in this process:
+the embedded SmolLM2, timed side by side in this process through the engine's own forward functions:
 
-- ``engine``: what ``HFBackend`` runs: transformers' forward over the slot KV cache, packed linears,
-  grouped attention, ``logits_to_keep=1``;
+- ``transformers``: transformers' forward over the slot KV cache with packed fp32 linears, grouped
+  attention, ``logits_to_keep=1`` (the engine before the fused forward; ``rollout.hf.fused_forward=false``);
 - ``unpacked``: the same without packed linears (``F.linear``, MKL's sgemm; ``rollout.hf.packed_linear=false``);
-- ``fused``: the same arithmetic written out for Llama-family layers with q/k/v and gate/up fused into
-  one packed matmul each and ``F.rms_norm``: what removing transformers' per-layer Python and three of
-  the seven matmul calls per layer would gain (same logits up to float rounding; printed).
+- ``fused``: the engine's default, ``backends/fused_forward.py`` (one loop over the layers, q/k/v and
+  gate/up as one packed matmul each): the same logits as ``transformers`` to the bit (printed);
+- ``fused bf16`` / ``fused int8``: the same with bf16 / int8 weight copies (``rollout.hf.weight_dtype``;
+  only where this CPU has the instructions their kernels need).
 
-Then a ``torch.profiler`` breakdown of the engine's step (matmuls, attention, the rest) and the bounds
-from this machine's rates, measured first: weights + KV cache read at the memory bandwidth, and the
-matmul FLOPs at the fp32 matmul rate. The KV cache holds random values (attention cost does not depend
-on them).
+Then a ``torch.profiler`` breakdown of the fused step (matmuls, attention, the rest) and the bounds from
+this machine's rates, measured first: weights + KV cache read at the memory bandwidth, and the matmul
+FLOPs at the matmul rate, per precision. The KV cache holds random values (attention cost does not
+depend on them).
 """
 
 from __future__ import annotations
@@ -28,70 +29,15 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from multiturn_throughput import machine_rates  # noqa: E402
 
-from verl_agentic.backends.attention import grouped_sdpa_attention  # noqa: E402
 from verl_agentic.backends.hf import HFBackend  # noqa: E402
-from verl_agentic.backends.kv_slots import SlotKVCache  # noqa: E402
+from verl_agentic.backends.packed_linear import FAST_PATH_FLAGS, cpu_flags  # noqa: E402
 from verl_agentic.models.embedded import embedded_model_dir  # noqa: E402
-
-
-def _pack(weight: torch.Tensor, batch: int) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch)
-
-
-def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-class FusedDecoder:
-    """A Llama-family forward over the slot cache, q/k/v and gate/up fused (the comparison only)."""
-
-    def __init__(self, model: torch.nn.Module, batch: int) -> None:
-        cfg = model.config
-        self.model = model
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = cfg.hidden_size // self.heads
-        self.inter = cfg.intermediate_size
-        self.layers = []
-        for layer in model.model.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            qkv_bias = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            self.layers.append((
-                layer.input_layernorm, _pack(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), batch),
-                qkv_bias, _pack(a.o_proj.weight, batch), layer.post_attention_layernorm,
-                _pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), batch), _pack(mlp.down_proj.weight, batch)))
-        self.head = _pack(model.lm_head.weight, batch)
-
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
-        rows, q_len = ids.shape
-        h = self.model.model.embed_tokens(ids)
-        cos, sin = (t.unsqueeze(1) for t in self.model.model.rotary_emb(h, positions))
-        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        for i, (ln1, qkv, qkv_bias, o, ln2, gate_up, down) in enumerate(self.layers):
-            x = F.rms_norm(h, (h.shape[-1],), ln1.weight, ln1.variance_epsilon)
-            q, k, v = _linear(x, qkv, qkv_bias).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-            q = q.view(rows, q_len, heads, d).transpose(1, 2)
-            k = k.view(rows, q_len, kv_heads, d).transpose(1, 2)
-            v = v.view(rows, q_len, kv_heads, d).transpose(1, 2)
-            q1, q2 = q.chunk(2, -1)
-            k1, k2 = k.chunk(2, -1)
-            q = q * cos + torch.cat((-q2, q1), -1) * sin
-            k = k * cos + torch.cat((-k2, k1), -1) * sin
-            keys, values = cache.update(k, v, i)
-            out, _ = grouped_sdpa_attention(self.model.model.layers[i].self_attn, q, keys, values, mask, scaling=d**-0.5)
-            h = h + _linear(out.reshape(rows, q_len, heads * d), o)
-            x = F.rms_norm(h, (h.shape[-1],), ln2.weight, ln2.variance_epsilon)
-            g, u = _linear(x, gate_up).split([self.inter, self.inter], -1)
-            h = h + _linear(F.silu(g) * u, down)
-        norm = self.model.model.norm
-        h = F.rms_norm(h[:, -1:], (h.shape[-1],), norm.weight, norm.variance_epsilon)
-        return _linear(h, self.head)[:, -1]
 
 
 def main() -> None:
@@ -101,14 +47,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
     b, ctx = args.batch, args.context
-    backend = HFBackend.from_pretrained(embedded_model_dir(quiet=True), max_batch_size=b)
-    model = backend.model
-    cache = backend._cache
+    base = HFBackend.from_pretrained(embedded_model_dir(quiet=True), max_batch_size=b, fused_forward=False)
+    model, tokenizer = base.model, base.tokenizer
+    cache = base._cache
     cache.reserve(b, ctx + 64)
     for t in (*cache.keys, *cache.values):
         t.normal_()
-    packed = backend._packed
-    fused = FusedDecoder(model, b)
+    flags = cpu_flags()
+    engines = {"transformers": base._transformers_forward,
+               "unpacked": HFBackend(model, tokenizer, max_batch_size=b, packed_linear=False)._transformers_forward}
+    sizes = {"transformers": 4, "unpacked": 4}
+    for name, dtype, size in (("fused", "float32", 4), ("fused bf16", "bfloat16", 2), ("fused int8", "int8", 1)):
+        if dtype != "float32" and not any(flags.get(f) for f in FAST_PATH_FLAGS[getattr(torch, dtype)]):
+            print(f"{name}: skipped, this CPU lacks {FAST_PATH_FLAGS[getattr(torch, dtype)]}", file=sys.stderr)
+            continue
+        fused = HFBackend(model, tokenizer, max_batch_size=b, weight_dtype=dtype)._fused
+        assert fused is not None, "the fused forward is not exact on this CPU (see the warning)"
+        engines[name], sizes[name] = fused, size
     gen = torch.Generator().manual_seed(0)
 
     def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,39 +73,29 @@ def main() -> None:
         cache.plan(slice(0, b), pos, ctx + 1)
         return ids, pos, mask
 
-    def engine() -> torch.Tensor:
+    def step(name: str) -> torch.Tensor:
         ids, pos, mask = inputs()
-        with packed.active():
-            return model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1).logits[:, -1]
-
-    def unpacked() -> torch.Tensor:
-        ids, pos, mask = inputs()
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                     use_cache=True, logits_to_keep=1).logits[:, -1]
-
-    def fused_step() -> torch.Tensor:
-        return fused(*inputs(), cache)
+        return engines[name](ids, pos, mask, cache)
 
     times: dict[str, list[float]] = collections.defaultdict(list)
     with torch.inference_mode():
         gen.manual_seed(1)
-        a = engine()
+        a = step("transformers")
         gen.manual_seed(1)
-        diff = (a - fused_step()).abs().max().item()
+        diff = (a - step("fused")).abs().max().item()
         for _ in range(2):  # alternate, to share whatever the machine is doing
-            for name, fn in (("engine", engine), ("unpacked", unpacked), ("fused", fused_step)):
+            for name in engines:
                 for _ in range(3):
-                    fn()
+                    step(name)
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
-                    fn()
+                    step(name)
                 times[name].append((time.perf_counter() - t0) / args.steps)
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(10):
-                engine()
+                step("fused")
     ms = {k: 1e3 * min(v) for k, v in times.items()}
     groups: collections.Counter[str] = collections.Counter()
     for e in prof.key_averages():
@@ -161,21 +106,27 @@ def main() -> None:
     total = sum(groups.values())
 
     bw, flops = machine_rates()
-    n_params = sum(t.numel() for t in model.parameters())
-    weight_bytes = n_params * 4
+    bf16_flops = machine_rates(torch.bfloat16)[1]
+    linear_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    other_bytes = sum(t.numel() for t in model.parameters()) * 4 - linear_params * 4  # norms (embeddings: tied)
     kv_bytes = b * ctx * cache.bytes_per_token
-    linear_flops = 2 * b * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    print(f"SmolLM2-135M fp32, batch {b}, context {ctx}, torch threads {torch.get_num_threads()}, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"machine: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s")
-    print(f"decode step: engine {ms['engine']:.1f} ms, without packed linears {ms['unpacked']:.1f} ms, fused {ms['fused']:.1f} ms "
-          f"(engine/fused {ms['engine'] / ms['fused']:.2f}; max |logit difference| {diff:.1e})")
-    print(f"engine step under the profiler, ops' self time per step ({total:.1f} ms; the rest of the step is "
+    linear_flops = 2 * b * linear_params
+    print(f"SmolLM2-135M, batch {b}, context {ctx}, torch threads {torch.get_num_threads()}, "
+          f"load average {os.getloadavg()[0]:.2f}, CPU {flags.get('cpu_name')}")
+    print(f"machine: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s, bf16 matmul "
+          f"{bf16_flops / 1e9:.0f} GFLOP/s")
+    print("decode step: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items())
+          + f" (transformers/fused {ms['transformers'] / ms['fused']:.2f}; max |logit difference| {diff:.1e})")
+    print(f"fused step under the profiler, ops' self time per step ({total:.1f} ms; the rest of the step is "
           f"Python between ops): " + ", ".join(f"{g} {v:.1f} ms ({100 * v / total:.0f}%)" for g, v in groups.most_common()))
-    mem_ms = 1e3 * (weight_bytes + kv_bytes) / bw
-    print(f"bounds: weights {weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB read at {bw / 1e9:.1f} GB/s = "
-          f"{mem_ms:.1f} ms; matmuls {linear_flops / 1e9:.2f} GFLOP at {flops / 1e9:.0f} GFLOP/s = "
-          f"{1e3 * linear_flops / flops:.1f} ms; engine step / memory bound {ms['engine'] / mem_ms:.1f}x")
+    for name, size in sizes.items():
+        weight_bytes = linear_params * size + other_bytes
+        mem_ms = 1e3 * (weight_bytes + kv_bytes) / bw
+        comp_ms = 1e3 * linear_flops / (flops if size == 4 else bf16_flops)
+        bound = max(mem_ms, comp_ms)
+        print(f"bound {name}: weights {weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB at "
+              f"{bw / 1e9:.1f} GB/s = {mem_ms:.1f} ms; matmuls {linear_flops / 1e9:.2f} GFLOP = {comp_ms:.1f} ms; "
+              f"step / bound {ms[name] / bound:.2f}x")
 
 
 if __name__ == "__main__":

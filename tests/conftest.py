@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from va_testing import QWEN3_DIR, QWEN25_DIR
+from va_testing import QWEN3_DIR, QWEN25_DIR, remove_orphan_shm, shm_segments
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_orphan_shared_memory():
+    """After each test module: remove the shared-memory segments it left that nothing holds (vLLM's, when
+    Ray kills its engine), so they do not fill RAM for the modules after it."""
+    before = shm_segments()
+    yield
+    remove_orphan_shm(before)
 
 
 @pytest.fixture(scope="session")
