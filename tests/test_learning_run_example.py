@@ -174,3 +174,36 @@ def test_the_modes_summary_counts_each_trained_episode_once_and_reads_versions_a
     assert row["spanning_episodes"] == 1 and row["spans_max"] == 2
     assert row["straggler_share"] == pytest.approx(0.75)  # (10 - 2.5) / 10
     assert (row["length_p50"], row["length_max"]) == (30, 40) and row["reward_per_step"] == [0.25, 0.5]
+
+
+def test_the_precision_comparison_summarizes_each_arm(tmp_path):
+    """examples/learning_run/precision.py summarize: per arm the reward of the first and last 5 steps, held-out
+    accuracy before and after, the logprob gap and the correction's metrics, from main_ppo's metrics.jsonl."""
+    spec = importlib.util.spec_from_file_location("va_learning_run_precision", EXAMPLE / "precision.py")
+    precision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(precision)
+    runs = tmp_path / "runs"
+    for i, arm in enumerate(("fp32", "bf16_tis")):
+        rows = [{"step": 0, "val/accuracy/final": 0.4}]
+        for step in range(1, 21):
+            row = {"step": step, "reward/mean": 0.1 + 0.02 * step * (1 + i), "actor/logprob_gap_mean": 1e-6 if i == 0 else 1e-2,
+                   "actor/logprob_gap_max": 1e-5 if i == 0 else 0.3, "perf/generated_tokens": 600,
+                   "timing/rollout_s": 3.0, "timing/step_s": 30.0}
+            if i:
+                row["rollout_corr/rollout_is_mean"] = 0.99
+            rows.append(row)
+        rows.append({"step": 20, "val/accuracy/final": 0.5 + 0.1 * i})
+        (runs / arm).mkdir(parents=True)
+        (runs / arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    result = precision.summarize(out, ["fp32", "bf16_tis"], runs)
+    fp32, tis = result["fp32"], result["bf16_tis"]
+    assert fp32["steps"] == 20 and fp32["reward_first5"] == pytest.approx(0.16) and fp32["reward_last5"] == pytest.approx(0.46)
+    assert (fp32["heldout_before"], fp32["heldout_after"], tis["heldout_after"]) == (0.4, 0.5, 0.6)
+    assert fp32["rollout_tok_s"] == pytest.approx(200.0) and fp32["step_minutes"] == pytest.approx(10.0)
+    assert tis["logprob_gap_max"] == 0.3 and tis["rollout_corr"] == {"rollout_corr/rollout_is_mean": pytest.approx(0.99)}
+    assert fp32["rollout_corr"] == {} and tis["overrides"] == precision.ARMS["bf16_tis"]
+    assert json.loads((out / "precision.json").read_text()) == json.loads(json.dumps(result))
+    table = (out / "precision.md").read_text()
+    assert "| bf16_tis | `rollout.hf.weight_dtype=bfloat16`" in table and "0.400 -> 0.600" in table
+    assert (out / "metrics" / "fp32.jsonl").read_text() == (runs / "fp32" / "metrics.jsonl").read_text()

@@ -73,11 +73,12 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(out: Path, arms: list[str]) -> dict:
+def summarize(out: Path, arms: list[str], runs: Path = OUTPUTS) -> dict:
+    """Write OUT/precision.json, OUT/precision.md and OUT/metrics/<arm>.jsonl from ``runs/<arm>/metrics.jsonl``."""
     (out / "metrics").mkdir(parents=True, exist_ok=True)
     result = {}
     for arm in arms:
-        src = OUTPUTS / arm / "metrics.jsonl"
+        src = runs / arm / "metrics.jsonl"
         shutil.copyfile(src, out / "metrics" / f"{arm}.jsonl")
         rows = read_json_lines(src)
         steps = [r for r in rows if r.get("step", 0) >= 1 and "reward/mean" in r]
@@ -121,6 +122,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--out", default=str(HERE / "precision"))
+    p.add_argument("--runs", default=str(OUTPUTS), help="the arms' output folders (summarize)")
     a = p.parse_args()
     arms = a.arms.split(",")
     unknown = [x for x in arms if x not in ARMS]
@@ -129,7 +131,7 @@ def main() -> None:
     if a.command == "run":
         run(a.seed, arms)
     else:
-        summarize(Path(a.out), arms)
+        summarize(Path(a.out), arms, Path(a.runs))
 
 
 if __name__ == "__main__":
