@@ -101,6 +101,18 @@ def test_a_forward_that_differs_by_one_ulp_is_not_used(tiny_qwen_dir, caplog) ->
     assert "the fused forward differs from transformers' here" in caplog.text
 
 
+def test_a_variant_the_fused_forward_cannot_run_falls_back(tiny_qwen_dir, caplog) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen_dir, dtype=torch.float32)
+    backend = HFBackend(model, AutoTokenizer.from_pretrained(tiny_qwen_dir), max_batch_size=2, fused_forward=False)
+    fused = FusedForward(model, torch.float32, 2, onednn=True)
+    fused.heads += 1  # a head layout it would mis-split (as an architecture variant could): the split fails
+    with caplog.at_level(logging.WARNING, logger="verl_agentic.backends.fused_forward"):
+        assert not fused.matches(backend._transformers_forward, backend._cache)
+    assert "the fused forward fails on this model" in caplog.text
+
+
 def test_only_plain_llama_family_models_are_fused(tiny_qwen_dir) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
