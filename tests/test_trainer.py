@@ -289,8 +289,8 @@ def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path
             sent.append(True)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    if when == "rollout":
-        tr.model.register_forward_pre_hook(stop)
+    if when == "rollout":  # the embedding: every forward calls it, the engine's fused one included
+        tr.model.get_input_embeddings().register_forward_pre_hook(stop)
     else:
         tr.optimizer.register_step_pre_hook(stop)
     with StopSignals(on_stop=tr.request_stop) as signals, pytest.raises(KeyboardInterrupt):
