@@ -6,16 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from va_testing import QWEN3_DIR, QWEN25_DIR, remove_orphan_shm, shm_segments
+from va_testing import QWEN3_DIR, QWEN25_DIR, release_memory, remove_orphan_shm, shm_segments
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_orphan_shared_memory():
     """After each test module: remove the shared-memory segments it left that nothing holds (vLLM's, when
-    Ray kills its engine), so they do not fill RAM for the modules after it."""
+    Ray kills its engine), and give the memory its models used back to the OS, so neither crowds the
+    verl runs after it (Ray kills workers at 95% of the machine's memory)."""
     before = shm_segments()
     yield
     remove_orphan_shm(before)
+    release_memory()
 
 
 @pytest.fixture(scope="session")
