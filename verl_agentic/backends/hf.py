@@ -236,11 +236,9 @@ class HFBackend(GenerationBackend):
         dtype = next(self.model.parameters()).dtype
         self._cache = SlotKVCache.for_model(self.model, dtype, self.device)
         onednn = packed_linear and packed_linear_supported(self.model)
-        if self.weight_dtype != torch.float32:
-            self._packed: PackedLinears | None = PackedLinears(self.model, min(max_batch_size, 32),
-                                                               self.weight_dtype, onednn=onednn)
-        else:
-            self._packed = PackedLinears(self.model, batch_hint=min(max_batch_size, 32)) if onednn else None
+        # copies of the linear weights: packed for oneDNN, and/or in a lower precision
+        self._packed = (PackedLinears(self.model, min(max_batch_size, 32), self.weight_dtype, onednn=onednn)
+                        if onednn or self.weight_dtype != torch.float32 else None)
         # where the linears run from copies anyway, the fused forward replaces them when it is exact here
         self._fused: FusedForward | None = None
         if fused_forward and self._packed is not None and fused_forward_supported(self.model):

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 # torch private ops used here (a test checks they still exist): oneDNN linear with a packed weight,
 # the weight-only int8 matmul, and the CPU's instruction sets as torch's cpuinfo sees them.
-PRIVATE_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise", "aten._weight_int8pack_mm")
+ONEDNN_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise")
+PRIVATE_OPS = (*ONEDNN_OPS, "aten._weight_int8pack_mm")
 PRIVATE_FUNCTIONS = ("torch._C._cpu._get_cpu_capability",)
 
 # weight_dtype names (the first of each pair is the canonical one)
@@ -106,7 +107,7 @@ def check_weight_dtype(name: str | torch.dtype, flags: dict[str, object] | None 
 
 def _ops_exist() -> bool:
     return (torch.backends.mkldnn.is_available()
-            and all(hasattr(getattr(torch.ops, ns), name) for ns, name in (op.split(".") for op in PRIVATE_OPS[:2])))
+            and all(hasattr(getattr(torch.ops, ns), name) for ns, name in (op.split(".") for op in ONEDNN_OPS)))
 
 
 def packed_linear_supported(model: torch.nn.Module) -> bool:
@@ -152,8 +153,7 @@ class PackedLinears:
     @property
     def nbytes(self) -> int:
         """Bytes the copies take (what generation reads per step, besides embeddings and norms)."""
-        size = {torch.float32: 4, torch.bfloat16: 2, torch.int8: 1}[self.weight_dtype]
-        return sum(m.weight.numel() * size for m in self.linears)
+        return sum(m.weight.numel() * self.weight_dtype.itemsize for m in self.linears)
 
     def pack(self) -> None:
         """(Re)build the copies from the current weights."""
