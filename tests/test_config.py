@@ -155,6 +155,49 @@ def test_the_clis_report_a_bad_key_in_one_line_before_loading_a_model(module, tm
     assert "model loaded" not in r.stderr
 
 
+@pytest.mark.parametrize("module", ["verl_agentic.main_ppo", "verl_agentic.main_rollout"])
+def test_a_bad_config_and_help_are_answered_without_importing_torch(module, tmp_path):
+    """``python -X importtime`` lists every module a process imports: parsing a bad config (or ``--help``)
+    loads neither torch nor transformers (config.py used to import backends.packed_linear, and torch)."""
+    for args in (["rollout.hf.weight_dtype=bf17", f"output.dir={tmp_path}"], ["--help"]):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", module, *args], capture_output=True,
+                           text=True, cwd=REPO, timeout=300)
+        imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+        assert "verl_agentic.config" in imported, r.stderr[-2000:]
+        assert not {"torch", "transformers"} & imported, args
+        if args[0] != "--help":
+            assert r.returncode == 2 and "error: rollout.hf.weight_dtype must be one of float32 (fp32), " \
+                "bfloat16 (bf16), int8; got 'bf17'" in r.stderr
+
+
+def test_every_hf_engine_key_is_classified_for_a_resumed_runs_identity(tmp_path, monkeypatch):
+    """A resumed run may change what only moves fp32 rounding (HFConfig.ROUNDING_KEYS), never what
+    changes the tokens (PRECISION_KEYS: rollout.hf.weight_dtype used to be dropped with all of
+    rollout.hf, so a run resumed in int8 appended int8 episodes to an fp32 run)."""
+    from dataclasses import fields as dc_fields
+
+    from verl_agentic.backends import packed_linear
+    from verl_agentic.config import HFConfig
+    from verl_agentic.main_rollout import run_identity
+    from verl_agentic.rollout.journal import JournalError, RolloutJournal
+
+    keys = {f.name for f in dc_fields(HFConfig)}
+    assert not set(HFConfig.ROUNDING_KEYS) & set(HFConfig.PRECISION_KEYS)
+    assert set(HFConfig.ROUNDING_KEYS) | set(HFConfig.PRECISION_KEYS) == keys, "classify the new rollout.hf key"
+    # the CPU check of a low-precision weight_dtype is not what this test is about: a CPU that has both
+    monkeypatch.setattr(packed_linear, "cpu_flags", lambda: {"avx512_bf16": True, "avx512_f": True})
+    rows = [{"prompt": "p"}]
+    ident = lambda *o: run_identity(parse(*o, name="rollout"), rows)  # noqa: E731
+    base = ident()
+    assert ident("rollout.hf.kv_cache_gb=1", "rollout.hf.packed_linear=false", "rollout.hf.fused_forward=false",
+                 "rollout.hf.num_threads=1", "rollout.hf.prefill_chunk_tokens=64") == base
+    assert ident("rollout.hf.weight_dtype=fp32") == base  # the default by another name
+    assert ident("rollout.hf.weight_dtype=bf16") == ident("rollout.hf.weight_dtype=bfloat16") != base
+    RolloutJournal(tmp_path, base)
+    with pytest.raises(JournalError, match=r"rollout\.hf"):
+        RolloutJournal(tmp_path, ident("rollout.hf.weight_dtype=int8"))
+
+
 # ----------------------------------------------------------------------------------------------
 # one truth: the YAML files hold every key the code reads, with the code's defaults
 

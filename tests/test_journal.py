@@ -91,3 +91,106 @@ def test_outputs_without_a_journal_are_not_taken_for_one(tmp_path):
     (tmp_path / "trajectories.jsonl").write_text('{"index": 0, "sample_id": 0}\n')
     with pytest.raises(JournalError, match="exists but journal.json does not: it is not a resumable rollout"):
         RolloutJournal(tmp_path, IDENTITY)
+
+
+_WRITER = """
+import sys
+from verl_agentic.jsonl import JsonLinesAppender
+path, size, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tag = sys.argv[4]
+with JsonLinesAppender(path) as out:
+    out.append({"tag": tag, "n": -1})
+    print("ready", flush=True)
+    for n in range(count):
+        out.append({"tag": tag, "n": n, "pad": "x" * size})
+"""
+
+
+def _writer(path, size: int, count: int, tag: str):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(size), str(count), tag],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_writer_killed_in_the_middle_of_a_line_leaves_a_tail_the_next_appender_drops(tmp_path, caplog):
+    """For real: a process killed while it writes a 64 MB line leaves part of it (Linux stops the write at
+    a page boundary). The next appender, in another process's place (a resumed run), cuts that tail off
+    and says so, so its line does not join the fragment, and a dump reader then reads every line."""
+    import os
+    import time
+
+    from verl_agentic.jsonl import read_json_lines
+
+    p = tmp_path / "step_000001.jsonl"
+    for _ in range(20):  # kill the moment the file is seen mid-line; a try whose write completed first is redone
+        p.unlink(missing_ok=True)
+        proc = _writer(p, 64 << 20, 10_000, "killed")
+        deadline = time.monotonic() + 30
+        with open(p, "rb") as f:
+            while time.monotonic() < deadline:
+                size = os.fstat(f.fileno()).st_size
+                if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                    break
+        proc.kill()
+        proc.wait()
+        if not p.read_bytes().endswith(b"\n"):
+            break
+    data = p.read_bytes()
+    assert not data.endswith(b"\n"), "20 kills all landed between two writes"
+    whole = data.rfind(b"\n") + 1
+    with caplog.at_level("WARNING", logger="verl_agentic.jsonl"):
+        with JsonLinesAppender(p) as out:
+            out.append({"tag": "resumed"})
+    assert out.torn_bytes == len(data) - whole
+    assert f"{p}: dropped a torn last line ({len(data) - whole} bytes" in caplog.text
+    rows = read_json_lines(p)
+    assert rows[0] == {"tag": "killed", "n": -1} and rows[-1] == {"tag": "resumed"}
+    assert [r["n"] for r in rows[1:-1]] == list(range(len(rows) - 2))
+
+
+def test_two_processes_append_while_a_third_opens_and_no_line_is_cut(tmp_path):
+    """Two live writers append 256 kB lines while a third process repeatedly opens the file the way a resume
+    does (``read_complete_json_lines``, which cuts a torn tail): under the writers' lock it never sees a
+    line in the middle of its write, so every line of both writers arrives whole."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "shared.jsonl"
+    writers = [_writer(p, 256 << 10, 150, tag) for tag in ("a", "b")]
+    opener = subprocess.run([sys.executable, "-c", (
+        "import sys, time\n"
+        "from verl_agentic.jsonl import read_complete_json_lines\n"
+        "cut = 0\n"
+        "for _ in range(200):\n"
+        "    cut += read_complete_json_lines(sys.argv[1])[1]\n"
+        "print(cut)\n"), str(p)], capture_output=True, text=True, timeout=300)
+    for w in writers:
+        assert w.wait(timeout=300) == 0
+    assert opener.returncode == 0, opener.stderr
+    assert opener.stdout.strip() == "0", "the opener cut a live writer's line"
+    rows, torn = read_complete_json_lines(p)
+    assert torn == 0
+    for tag in ("a", "b"):
+        assert [r["n"] for r in rows if r["tag"] == tag] == list(range(-1, 150))
+
+
+def test_dump_readers_skip_a_torn_line_naming_file_and_line(tmp_path, caplog):
+    """A dump damaged before writers dropped torn tails (a fragment joined to the next line): the
+    inspector's and replay's reader skip that line and name it; the strict reader still refuses it."""
+    from verl_agentic.jsonl import read_json_lines
+    from verl_agentic.interfaces import ConfigError
+
+    p = tmp_path / "step_000002.jsonl"
+    p.write_text('{"a": 1}\n{"b": "torn mid-str{"c": 3}\n{"d": 4}\n')
+    with caplog.at_level("WARNING", logger="verl_agentic.jsonl"):
+        assert read_json_lines(p, skip_torn=True) == [{"a": 1}, {"d": 4}]
+    assert f"{p}: line 2 is not valid JSON" in caplog.text and "skipped" in caplog.text
+    with pytest.raises(ConfigError, match=r"step_000002.jsonl: line 2 is not valid JSON"):
+        read_json_lines(p)
+    p.write_text('{"a": 1}\n[1, 2]\n')  # valid JSON of the wrong shape is damage, not a torn line
+    with pytest.raises(ConfigError, match=r"line 2: expected a JSON object"):
+        read_json_lines(p, skip_torn=True)

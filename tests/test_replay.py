@@ -587,3 +587,34 @@ def test_gen_chat_against_the_environment_service_replays_without_it(tiny_qwen_d
     assert all("session_id" not in json.dumps(e["request"]) for e in recs[(0, 0)]["events"])
     r = _run("verl_agentic.replay", out)  # the service is gone
     assert r.returncode == 0 and "4 same as recorded, 0 differ" in r.stdout, r.stdout + r.stderr
+
+
+def test_recording_writers_of_200_steps_keep_a_bounded_number_of_files_open(tmp_path):
+    """verl's agent-loop workers record a folder per step: over 200 steps the process holds at most
+    ``max_open`` recording files open (it used to keep one per step, toward ``ulimit -n``), and a closed
+    step's writer reopens for a late episode without losing a line."""
+    import os
+
+    from verl_agentic.interfaces import RolloutContext, SamplingParams
+    from verl_agentic.record import RecordingWriters, read_episodes
+    from verl_agentic.rollout.loops import LoopLimits
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    writers = RecordingWriters(max_open=4)
+    ctx, sampling, limits = RolloutContext(tokenizer=None, task_config={}), SamplingParams(), LoopLimits()
+    traj = {"index": 0, "sample_id": 0, "uid": "u0", "task_type": "t", "prompt_ids": [1], "response_ids": [2]}
+    before = fds()
+    try:
+        for step in range(200):
+            w = writers.get(str(tmp_path / f"step_{step:06d}"), lambda: {"config": {}, "seed": 0})
+            w.finish(Tape("record"), {**traj, "index": step}, row={}, ctx=ctx, sampling=sampling, limits=limits)
+            assert writers.open_files <= 4 and fds() - before <= 4
+        late = writers.get(str(tmp_path / "step_000003"), lambda: {"config": {}, "seed": 0})
+        late.finish(Tape("record"), {**traj, "sample_id": 1, "index": 3}, row={}, ctx=ctx, sampling=sampling,
+                    limits=limits)
+    finally:
+        writers.close()
+    assert fds() == before
+    assert [(e["index"], e["sample_id"]) for e in read_episodes(tmp_path / "step_000003")] == [(3, 0), (3, 1)]

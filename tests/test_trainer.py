@@ -157,10 +157,20 @@ def test_losses_listed_as_zero_at_zero_advantage_are(tiny_smol_dir, tmp_path):
         assert zero == (name != "kl_cov"), name
 
 
-def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_smol_dir, tmp_path):
+@pytest.mark.parametrize("micro", [1, 2])
+def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_smol_dir, tmp_path, micro):
     """Two updates (Adam keeps momentum) of the same batch: with rows of all-zero advantage left out,
-    and one mini-batch made only of such rows, the weights end where the full update puts them."""
-    kw = ("actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size=2")
+    and one mini-batch made only of such rows, the weights end where the full update puts them.
+
+    A zero-advantage row adds an exact 0.0 to every gradient, so the update is the same sum. With one
+    row per micro-batch (``micro=1``) both runs forward the same rows in the same shapes: the weights
+    must agree to the bit. With two (``micro=2``) the skipping run packs rows 0 and 2 together where
+    the full run forwards [0, 1] and [2]: other shapes, so the GEMMs may sum in another order and the
+    gradients agree only to float rounding (~1e-7 relative). Adam then divides each gradient by its own
+    running scale, which turns a rounding difference on a near-zero gradient into a difference of
+    up to lr per step, so there the losses and gradient norms are compared, not the weights (seen on
+    an Intel Xeon in CI at a75e1bc: v_proj weights apart beyond 1e-6 with the same loss)."""
+    kw = ("actor.ppo_mini_batch_size=3", f"actor.ppo_micro_batch_size={micro}")
     skip = _trainer(tiny_smol_dir, tmp_path / "skip", *kw)
     full = _trainer(tiny_smol_dir, tmp_path / "full", *kw, "actor.skip_zero_advantage=false")
     try:
@@ -178,12 +188,13 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_smol_dir, tmp_p
         assert m_skip["actor/updated_rows"] == pytest.approx(2 / 6) and m_full["actor/updated_rows"] == 1.0
         assert m_skip["actor/pg_loss"] == pytest.approx(m_full["actor/pg_loss"], rel=1e-5, abs=1e-7)
         assert m_skip["actor/grad_norm"] == pytest.approx(m_full["actor/grad_norm"], rel=1e-4)
-        moved = 0
-        for (name, a), b, b0 in zip(skip.model.named_parameters(), full.model.parameters(),
-                                    _trainer_weights(tiny_smol_dir)):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-            moved += not torch.equal(b, b0)
-        assert moved > 0, "the updates did not change the weights"
+        if micro == 1:
+            moved = 0
+            for (name, a), b, b0 in zip(skip.model.named_parameters(), full.model.parameters(),
+                                        _trainer_weights(tiny_smol_dir)):
+                assert torch.equal(a, b), f"{name}: max difference {float((a - b).abs().max())}"
+                moved += not torch.equal(b, b0)
+            assert moved > 0, "the updates did not change the weights"
     finally:
         skip.close()
         full.close()

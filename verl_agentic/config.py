@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.backends.packed_linear import check_weight_dtype
-from verl_agentic.interfaces import ConfigError, check_keys, parse_section
+from verl_agentic.interfaces import ConfigError, canonical_weight_dtype, check_keys, parse_section
 from verl_agentic.registry import import_modules
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.monitors import MonitorsConfig
@@ -103,8 +102,20 @@ class HFConfig:
     weight_dtype: str = "float32"  # float32 | bfloat16 | int8 (backends/packed_linear.py)
     fused_forward: bool = True  # Llama-family: the forward without transformers' layers (backends/fused_forward.py)
 
+    # What each key may change in a run's output (main_rollout's run identity; a test makes every key
+    # be in one of the two). ROUNDING: only fp32 rounding, the way the batch a request shares does (how
+    # the KV cache is sized, chunks of a prefill, threads, oneDNN vs MKL, the fused layer loop): a
+    # resumed run may change these. PRECISION: the arithmetic's precision, so the tokens themselves.
+    ROUNDING_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads",
+                                                "packed_linear", "fused_forward")
+    PRECISION_KEYS: ClassVar[tuple[str, ...]] = ("weight_dtype",)
+
     def __post_init__(self) -> None:
-        check_weight_dtype(self.weight_dtype)  # an unknown name, or a CPU without the fast kernel's instructions
+        if canonical_weight_dtype(self.weight_dtype) != "float32":
+            # a CPU without the fast kernel's instructions; torch's cpuinfo tells, so torch loads here,
+            # and only here: parsing a default config (or --help) does not wait for torch
+            from verl_agentic.backends.packed_linear import check_weight_dtype
+            check_weight_dtype(self.weight_dtype)
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"rollout.hf.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         _at_least("rollout.hf", self, ("prefill_chunk_tokens",), 1)

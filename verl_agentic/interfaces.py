@@ -237,6 +237,19 @@ class ConfigError(ValueError):
     """Bad user input (config, dataset, task name): raised before any work starts."""
 
 
+# the weight precisions a generation backend may compute in, by every name a config accepts
+WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                      "int8": "int8"}
+
+
+def canonical_weight_dtype(name: Any, setting: str = "rollout.hf.weight_dtype") -> str:
+    """``float32``, ``bfloat16`` or ``int8`` for any accepted name (or torch dtype) of one; else ``ConfigError``."""
+    key = str(name).removeprefix("torch.").lower()
+    if key not in WEIGHT_DTYPE_NAMES:
+        raise ConfigError(f"{setting} must be one of float32 (fp32), bfloat16 (bf16), int8; got {name!r}")
+    return WEIGHT_DTYPE_NAMES[key]
+
+
 def check_keys(d: Any, known: Any, section: str) -> None:
     """Raise ``ConfigError`` naming the keys of config section ``section`` that are not ``known``,
     with the known ones listed in the order given."""

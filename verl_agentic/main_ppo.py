@@ -20,13 +20,13 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from verl_agentic.config import CONFIG_DIR
+from verl_agentic.config import CONFIG_DIR, RunConfig
 from verl_agentic.main_rollout import StopSignals, call_hydra_main, continue_command, run_or_exit
 
 
 def train(cfg: DictConfig, signals: Optional[StopSignals] = None) -> list[dict]:
     """Train and write the summary; ``signals`` (the CLI's) then stop the trainer where it can checkpoint."""
-    # torch and verl load when training starts, not for --help
+    RunConfig.parse(cfg)  # a bad key or value: one line, before torch and verl load (for --help neither loads)
     from verl_agentic.trainer import PPOTrainer
 
     t0 = time.monotonic()

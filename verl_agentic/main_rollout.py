@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ... are imported from here too
     CONFIG_DIR,
     REPO_ROOT,
+    HFConfig,
     RunConfig,
     check_task_scorers,
     load_config,
@@ -37,7 +38,7 @@ from verl_agentic.config import (  # noqa: F401 - load_config, make_backend, ...
     reward_settings,
     rollout_config,
 )
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import ConfigError, canonical_weight_dtype
 from verl_agentic.record import RecordingWriter, has_recording, recording_header
 from verl_agentic.reward import score_trajectories
 from verl_agentic.reward.scorers import EPISODE_REWARD
@@ -49,18 +50,29 @@ from verl_agentic.tasks import get_task
 from verl_agentic.tasks.data import BadRow, load_rows, write_skipped_rows
 
 # settings that change how fast a rollout goes, not what it produces: a resumed run may change them
-SPEED_KEYS = {"rollout": ("concurrency", "max_batch_size", "hf"),
+# (rollout.hf: only its HFConfig.ROUNDING_KEYS; its PRECISION_KEYS change the tokens)
+SPEED_KEYS = {"rollout": ("concurrency", "max_batch_size"),
               "reward": ("progress", "num_workers", "overcommit", "concurrency", "batch_size", "timeout_s",
                          "request_timeout_s", "max_retries", "retry_backoff_s", "straggler_s", "memory_limit_mb")}
 
 
 def run_identity(c: RunConfig, rows: list[dict]) -> dict:
     """What a run's episodes are of: its config without ``output`` and ``SPEED_KEYS``, and the rows
-    (``data.rows`` and their hash ``data.rows_sha256``). ``output.dir``'s journal refuses a re-run whose
-    identity differs, naming the keys."""
+    (``data.rows`` and their hash ``data.rows_sha256``). Of ``rollout.hf`` it keeps the keys that change
+    the tokens (``HFConfig.PRECISION_KEYS``, by their canonical value, and only where not fp32, so a run
+    from before this rule resumes). ``output.dir``'s journal refuses a re-run whose identity differs,
+    naming the keys."""
     raw = {k: v for k, v in c.raw.items() if k != "output"}
     for section, keys in SPEED_KEYS.items():
         raw[section] = {k: v for k, v in (raw.get(section) or {}).items() if k not in keys}
+    hf = raw["rollout"].pop("hf", None) or {}
+    precision = {k: hf[k] for k in HFConfig.PRECISION_KEYS if k in hf}
+    if "weight_dtype" in precision:
+        precision["weight_dtype"] = canonical_weight_dtype(precision["weight_dtype"])
+        if precision["weight_dtype"] == "float32":
+            del precision["weight_dtype"]
+    if precision:
+        raw["rollout"]["hf"] = precision
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
     raw["data"] = {**(raw.get("data") or {}), "rows": len(rows), "rows_sha256": digest}
     return raw

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from verl_agentic.interfaces import ConfigError
+from verl_agentic.interfaces import ConfigError, canonical_weight_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,8 @@ ONEDNN_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise")
 PRIVATE_OPS = (*ONEDNN_OPS, "aten._weight_int8pack_mm")
 PRIVATE_FUNCTIONS = ("torch._C._cpu._get_cpu_capability",)
 
-# weight_dtype names (the first of each pair is the canonical one)
-WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32,
-                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                 "int8": torch.int8}
+# the torch dtype of each canonical weight_dtype name (interfaces.WEIGHT_DTYPE_NAMES: every accepted name)
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 # what each low-precision path needs from the CPU to run its fast kernel (any one of the flags, as
 # torch's cpuinfo names them): oneDNN's bf16 GEMM uses AVX512-BF16 or AMX (x86) / BF16 (Arm); torch's
@@ -62,11 +60,7 @@ def weight_dtype_of(name: str | torch.dtype, setting: str = "rollout.hf.weight_d
     Raises:
         ConfigError: an unknown name.
     """
-    if isinstance(name, torch.dtype) and name in WEIGHT_DTYPES.values():
-        return name
-    if isinstance(name, str) and name.lower() in WEIGHT_DTYPES:
-        return WEIGHT_DTYPES[name.lower()]
-    raise ConfigError(f"{setting} must be one of float32 (fp32), bfloat16 (bf16), int8; got {name!r}")
+    return WEIGHT_DTYPES[canonical_weight_dtype(name, setting)]
 
 
 def cpu_flags() -> dict[str, object]:

@@ -56,7 +56,7 @@ class Run:
 
 
 def _read_episodes(path: Path, step: Optional[int] = None) -> list[dict]:
-    rows = read_json_lines(path, what="an episode")
+    rows = read_json_lines(path, what="an episode", skip_torn=True)
     for n, t in enumerate(rows, 1):
         missing = [k for k in REQUIRED_FIELDS if k not in t]
         if missing:
@@ -103,7 +103,7 @@ def load_run(output_dir: str | Path) -> Run:
     config = _read_config(d, summary)
     metrics_path, rollouts_dir = d / "metrics.jsonl", d / "rollouts"
     if metrics_path.exists() or rollouts_dir.is_dir():
-        steps = read_json_lines(metrics_path, what="a step's metrics") if metrics_path.exists() else []
+        steps = read_json_lines(metrics_path, what="a step's metrics", skip_torn=True) if metrics_path.exists() else []
         # verl's file logger (trainer.logger=[...,"file"]) writes {"step": N, "data": {metric: value}}
         steps = [{**row["data"], "step": row["step"]} if isinstance(row.get("data"), dict) else row for row in steps]
         for n, row in enumerate(steps, 1):

@@ -17,6 +17,7 @@ from verl_agentic.record.backend import (
 from verl_agentic.record.store import (
     RecordingError,
     RecordingWriter,
+    RecordingWriters,
     find_episode,
     has_recording,
     read_episodes,
@@ -25,6 +26,6 @@ from verl_agentic.record.store import (
 )
 from verl_agentic.record.tape import DOORS, LIVE_DOORS, ReplayDivergence, Tape, current, digest, door, using
 
-__all__ = ["DOORS", "LIVE_DOORS", "NoChatModel", "NoModel", "TapedChatBackend", "has_native_chat", "taped", "RecordingError", "RecordingWriter", "ReplayDivergence", "Tape",
+__all__ = ["DOORS", "LIVE_DOORS", "NoChatModel", "NoModel", "TapedChatBackend", "has_native_chat", "taped", "RecordingError", "RecordingWriter", "RecordingWriters", "ReplayDivergence", "Tape",
            "TapedBackend", "current", "digest", "door", "find_episode", "has_recording", "prompt_request",
            "read_episodes", "read_header", "recording_header", "using"]

@@ -24,11 +24,12 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl_agentic.interfaces import ConfigError
-from verl_agentic.jsonl import JsonLinesAppender, iter_json_lines, read_complete_json_lines
+from verl_agentic.jsonl import JsonLinesAppender, read_complete_json_lines, read_json_lines
 from verl_agentic.record.backend import has_native_chat
 from verl_agentic.record.probe import tokenizer_probe
 from verl_agentic.record.tape import Tape
@@ -104,9 +105,43 @@ class RecordingWriter:
             self.recorded.add((record["index"], record["sample_id"]))  # main_rollout's journal keys
 
     def close(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
+        with self._lock:  # not while another thread's finish() writes
+            if self._out is not None:
+                self._out.close()
+                self._out = None
+
+
+class RecordingWriters:
+    """One ``RecordingWriter`` per recordings folder, for a process that records into many folders over
+    a run (verl's agent-loop workers write ``recordings/step_NNNNNN/``, a folder a step): at most
+    ``max_open`` of them hold an open file at a time; the least recently used ones are closed and
+    reopen on their next episode (an async trainer's late episodes of an older policy version)."""
+
+    def __init__(self, max_open: int = 8):
+        self.max_open = max_open
+        self._writers: "OrderedDict[str, RecordingWriter]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, folder: str, header: Callable[[], dict]) -> RecordingWriter:
+        """The folder's writer (made with ``header()`` the first time); older writers past ``max_open``
+        are closed."""
+        with self._lock:
+            writer = self._writers.pop(folder, None)
+            if writer is None:
+                writer = RecordingWriter(folder, header())
+            self._writers[folder] = writer  # most recently used last
+            for old in list(self._writers.values())[:-self.max_open]:
+                old.close()
+            return writer
+
+    @property
+    def open_files(self) -> int:
+        return sum(w._out is not None for w in self._writers.values())
+
+    def close(self) -> None:
+        with self._lock:
+            for w in self._writers.values():
+                w.close()
 
 
 def read_header(run_dir: str | Path) -> dict:
@@ -130,9 +165,8 @@ def read_episodes(run_dir: str | Path) -> list[dict]:
     if not path.exists():
         raise RecordingError(f"{path} is missing: the run recorded no episode")
     out: dict[tuple[int, int, str], dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for _, rec in iter_json_lines(f, str(path), what="a recorded episode", error=RecordingError):
-            out[episode_key(rec)] = rec
+    for rec in read_json_lines(path, what="a recorded episode", error=RecordingError, skip_torn=True):
+        out[episode_key(rec)] = rec  # a torn line (logged with its line number) is skipped
     return [out[k] for k in sorted(out)]
 
 

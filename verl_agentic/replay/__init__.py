@@ -186,7 +186,7 @@ def recorded_scores(run_dir: str | Path) -> dict[tuple[int, int], Optional[float
     path = Path(run_dir) / "trajectories.jsonl"
     if not path.exists():
         return {}
-    return {(t["index"], t["sample_id"]): t.get("score") for t in read_json_lines(path, what="a trajectory")}
+    return {(t["index"], t["sample_id"]): t.get("score") for t in read_json_lines(path, what="a trajectory", skip_torn=True)}
 
 
 def rescore(report: ReplayReport, run_dir: str | Path, scorer: Optional[str] = None, *,

@@ -80,7 +80,7 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    return read_json_lines(path, what="a trajectory")
+    return read_json_lines(path, what="a trajectory", skip_torn=True)
 
 
 @dataclass

@@ -782,7 +782,8 @@ class PPOTrainer:
         policy-gradient loss or its gradient under the losses in ``ZERO_AT_ZERO_ADVANTAGE`` (GRPO's
         all-wrong or all-right groups: most groups when rewards are sparse), so with
         ``actor.skip_zero_advantage`` and no other loss term (entropy bonus, KL loss, critic) it is
-        not forwarded. The result is the same update (``tests/test_trainer.py`` compares weights)."""
+        not forwarded. The result is the same update: bitwise when each micro-batch holds one row,
+        otherwise up to the GEMMs' summation order over other shapes (``tests/test_trainer.py``)."""
         a = self.conf.actor
         if (not a.skip_zero_advantage or a.entropy_coeff or a.use_kl_loss or self.value_head is not None
                 or self.actor_cfg.policy_loss.loss_mode not in ZERO_AT_ZERO_ADVANTAGE):

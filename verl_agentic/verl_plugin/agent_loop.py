@@ -98,8 +98,9 @@ from verl_agentic.interfaces import (
     SamplingParams,
     parse_section,
 )
+from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.monitors import MonitorsConfig
-from verl_agentic.record import RecordingWriter, Tape, recording_header, taped, using
+from verl_agentic.record import RecordingWriters, Tape, recording_header, taped, using
 from verl_agentic.registry import import_modules
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
@@ -190,8 +191,7 @@ _CHECKED: set[str] = set()
 _CHECKED_LOCK = threading.Lock()
 _WARNED_VERL_TOOLS = False
 _KEPT_ERRORS = 0  # episodes that ended with an error and were kept (logged sparsely)
-_RECORDERS: dict[str, Any] = {}  # agentic.record: one RecordingWriter per recordings folder, per process
-_RECORDERS_LOCK = threading.Lock()
+_RECORDERS = RecordingWriters(max_open=8)  # agentic.record: a writer per recordings folder, per process
 
 
 def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
@@ -432,8 +432,9 @@ class TaskAgentLoop(AgentLoopBase):
         version the episode was generated with (the rollout's ``global_steps``; 0 before the first
         update); ``policy_versions`` holds the oldest, the newest and each turn's ``[min, max]`` (an
         async trainer's partial rollouts span several); ``timing`` the episode's start and end (wall
-        clock) and its seconds waiting for the server (the long tail of a step shows there). One
-        ``write`` per line on an append-only file: safe across agent-loop workers."""
+        clock) and its seconds waiting for the server (the long tail of a step shows there). Each line
+        is appended whole under the file's lock (``JsonLinesAppender``): safe across agent-loop workers,
+        and a line torn by a worker killed mid-write is cut off before the next one is appended."""
         trainer = self.config.get("trainer") or {}
         validation = self._is_validation(sampling_params)
         root = (trainer.get("validation_data_dir") or trainer.get("rollout_data_dir")) if validation \
@@ -447,11 +448,8 @@ class TaskAgentLoop(AgentLoopBase):
         timing = {"start": round(started, 3), "end": round(time.time(), 3), "generate_s": round(backend.generate_s, 3)}
         line = json.dumps({**traj, "step": int(step), "agent_name": self.agent_name, "policy_versions": versions,
                            "timing": timing}, ensure_ascii=False, default=str) + "\n"
-        fd = os.open(os.path.join(folder, f"step_{int(step):06d}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
+        with JsonLinesAppender(os.path.join(folder, f"step_{int(step):06d}.jsonl")) as out:
+            out.append_bytes(line.encode("utf-8"))
 
     def _record(self, tape: Tape, traj: dict, backend: ServerManagerBackend, sampling_params: dict,
                 **episode: Any) -> None:
@@ -461,15 +459,13 @@ class TaskAgentLoop(AgentLoopBase):
         step = backend.min_global_steps if backend.min_global_steps is not None else 0
         kind = "recordings_val" if self._is_validation(sampling_params) else "recordings"
         folder = os.path.join(str(trainer.get("rollout_data_dir")), kind, f"step_{int(step):06d}")
-        with _RECORDERS_LOCK:
-            writer = _RECORDERS.get(folder)
-            if writer is None:
-                config = {"model": {"path": str(self.config.actor_rollout_ref.model.path)},
-                          "agentic": dataclasses.asdict(self.settings)}
-                rollout = {"chat_template_kwargs": plain(self.apply_chat_template_kwargs) or {}}
-                writer = _RECORDERS[folder] = RecordingWriter(folder, recording_header(
-                    config, backend, rollout, self.settings.task, self.settings.task_type, None))
-        writer.finish(tape, traj, **episode)
+        def header() -> dict:
+            config = {"model": {"path": str(self.config.actor_rollout_ref.model.path)},
+                      "agentic": dataclasses.asdict(self.settings)}
+            rollout = {"chat_template_kwargs": plain(self.apply_chat_template_kwargs) or {}}
+            return recording_header(config, backend, rollout, self.settings.task, self.settings.task_type, None)
+
+        _RECORDERS.get(folder, header).finish(tape, traj, **episode)
 
     def _check_errors(self, traj: dict, hooks: _EpisodeHooks, kwargs: dict) -> None:
         error = traj["error"]
