@@ -179,8 +179,9 @@ if [[ "$DEVICE" == cpu ]]; then
   else
     OVERRIDES+=(actor_rollout_ref.rollout.name=hf)  # verl_agentic's HF-backend rollout (verl_plugin/cpu/hf_rollout.py)
   fi
-  # the rollout's precision: float32 as the trainer (exact); bfloat16 generates with bf16 weights (fast
-  # only with avx512_bf16/AMX: the hf rollout refuses otherwise; correct with algorithm.rollout_correction)
+  # vLLM's precision on the CPU: float32, as the trainer (exact). The hf rollout is float32 whatever this
+  # says; +actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype=bfloat16 asks it for bf16 weights (fast
+  # only with avx512_bf16/AMX: refused otherwise; correct with algorithm.rollout_correction)
   OVERRIDES+=(actor_rollout_ref.rollout.dtype=float32)
 else
   OVERRIDES+=(

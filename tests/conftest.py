@@ -2,11 +2,92 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from va_testing import QWEN3_DIR, QWEN25_DIR, release_memory, remove_orphan_shm, shm_segments
+
+
+# ---------------------------------------------------------------------------------------------
+# the suite's peak memory, printed at the end (issue 37: at most 16 GB)
+
+def _machine_used_gb() -> float:
+    """MemTotal - MemAvailable: what the machine cannot give back (processes, shared memory)."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 2**20
+
+
+def _tree_pss_gb(root: int) -> float:
+    """The proportional set size of ``root`` and every process below it (shared pages counted once)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # the process ended while we looked
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+        except OSError:  # ended, or not ours to read
+            continue
+    return total / 2**20
+
+
+class _MemoryPeak:
+    def __init__(self, interval_s: float = 2.0):
+        self.start_gb = _machine_used_gb()
+        self.machine_gb = self.start_gb
+        self.tree_gb = 0.0
+        self.where = ""
+        self.current = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True, name="memory-peak")
+        self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            machine, tree = _machine_used_gb(), _tree_pss_gb(os.getpid())
+            if tree > self.tree_gb:
+                self.tree_gb, self.where = tree, self.current
+            self.machine_gb = max(self.machine_gb, machine)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_PEAK: list[_MemoryPeak] = []
+
+
+def pytest_sessionstart(session) -> None:
+    if os.environ.get("VA_MEMORY_PEAK", "1") != "0":
+        _PEAK.append(_MemoryPeak())
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    if _PEAK:
+        _PEAK[0].current = nodeid
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _PEAK:
+        p = _PEAK[0]
+        p.stop()
+        terminalreporter.write_line(
+            f"peak memory: {p.tree_gb:.1f} GB in the test processes (PSS of pytest and every process below it, "
+            f"sampled every 2 s; at {p.where or 'start'}); the machine's used memory peaked at {p.machine_gb:.1f} "
+            f"GB ({p.start_gb:.1f} GB before the tests)")
 
 
 @pytest.fixture(autouse=True, scope="module")

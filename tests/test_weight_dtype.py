@@ -122,7 +122,8 @@ def test_the_engine_generates_in_low_precision_and_logs_a_real_gap(smol_dir, smo
     if not _fast_here(dtype):  # a CPU without the instructions: the engine refuses before touching the model
         with pytest.raises(ConfigError, match="instruction sets"):
             HFBackend(model, smol_tokenizer, weight_dtype=name)
-        return
+        pytest.skip(f"this CPU lacks {' / '.join(FAST_PATH_FLAGS[dtype])}: the {name} engine was refused as it must "
+                    f"be, not run")
     prompts = [smol_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                   tokenize=True, return_dict=True)["input_ids"]
                for q in ("What is 12 times 7?", "Name three prime numbers.")]
@@ -157,28 +158,43 @@ def test_a_non_fp32_model_is_refused_whatever_the_cpu(tiny_qwen_dir, smol_tokeni
         HFBackend(model, smol_tokenizer, weight_dtype="bf16")
 
 
-def test_verls_rollout_dtype_sets_the_hf_rollout_servers_weights(tiny_qwen_dir) -> None:
-    """Inside verl's trainer: ``actor_rollout_ref.rollout.dtype`` (verl's name, vLLM's dtype) is the hf
-    rollout's weight_dtype; a pushed fp32 state reaches the bf16 copies."""
-    import types
+def test_the_hf_rollout_server_is_fp32_unless_asked_and_a_pushed_state_reaches_the_bf16_copies(tiny_qwen_dir,
+                                                                                                 caplog) -> None:
+    """Inside verl's trainer, without the launch script: verl's ``rollout.dtype`` defaults to bfloat16
+    (vLLM's precision), and the hf rollout used to follow it, so a plain verl run generated in bf16 (or
+    was refused on a CPU without AVX512-BF16). It stays float32 unless
+    ``engine_kwargs.hf.weight_dtype`` asks; a pushed fp32 state then reaches the bf16 copies."""
+    from pathlib import Path
 
+    import verl
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
 
     from verl_agentic.verl_plugin.cpu.hf_rollout import HFRolloutServer
 
-    def server(dtype: str) -> HFRolloutServer:
-        config = types.SimpleNamespace(max_num_seqs=4, response_length=8, seed=0, dtype=dtype)
+    def server(weight_dtype=None) -> HFRolloutServer:
+        """verl's own rollout defaults (its rollout.yaml: dtype bfloat16), sized down."""
+        config = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "rollout" / "rollout.yaml")
+        config.max_num_seqs, config.response_length = 4, 8
+        if weight_dtype:
+            config.engine_kwargs.hf = {"weight_dtype": weight_dtype}
         return HFRolloutServer(config, OmegaConf.create({"path": str(tiny_qwen_dir)}), replica_rank=0)
 
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.dtype must be one of .*got 'float16'"):
+    with caplog.at_level("INFO", logger="verl_agentic.verl_plugin.cpu.hf_rollout"):
+        default = server()  # verl's defaults, as a config without the launch script has them
+    assert default.backend.weight_dtype is torch.float32
+    assert "actor_rollout_ref.rollout.dtype=bfloat16 is for vLLM/SGLang" in caplog.text
+    asyncio.run(default.backend.close())
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype must be one "
+                                          r"of .*got 'float16'"):
         server("float16")
     if not _fast_here(torch.bfloat16):
-        with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.dtype=bfloat16 needs one of"):
+        with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype=bfloat16 "
+                                              r"needs one of"):
             server("bfloat16")
-        return
+        pytest.skip("this CPU has no AVX512-BF16/AMX: the bf16 hf rollout was refused as it must be, not run")
     bf16 = server("bfloat16")
-    assert bf16.backend.weight_dtype is torch.bfloat16 and server("float32").backend.weight_dtype is torch.float32
+    assert bf16.backend.weight_dtype is torch.bfloat16
     new = AutoModelForCausalLM.from_pretrained(tiny_qwen_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in new.parameters():

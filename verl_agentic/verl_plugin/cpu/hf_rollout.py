@@ -40,11 +40,29 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from verl_agentic.interfaces import WEIGHT_DTYPE_NAMES, canonical_weight_dtype
 from verl_agentic.verl_plugin.cpu.weight_log import log_push, weight_fingerprint
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "verl_agentic_hf_server_{rank}"
+HF_WEIGHT_DTYPE_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype"
+
+
+def hf_weight_dtype(config: Any) -> str:
+    """The hf rollout's precision: float32 (the trainer's) unless ``engine_kwargs.hf.weight_dtype`` asks
+    for ``bfloat16`` or ``int8`` (bf16/int8 copies of the linear weights; the pushed weights stay fp32).
+    verl's ``rollout.dtype`` is not used: its default is bfloat16 (vLLM's and SGLang's precision), so
+    following it would make every hf rollout low-precision without anyone asking (or refused on a CPU
+    without AVX512-BF16). When it differs, one line says so and names the key."""
+    kwargs = getattr(config, "engine_kwargs", None) or {}
+    hf = (kwargs.get("hf") if hasattr(kwargs, "get") else None) or {}
+    name = canonical_weight_dtype(hf.get("weight_dtype", "float32"), HF_WEIGHT_DTYPE_KEY)
+    verl_dtype = str(getattr(config, "dtype", None) or "").removeprefix("torch.").lower()
+    if verl_dtype and WEIGHT_DTYPE_NAMES.get(verl_dtype, verl_dtype) != name:
+        logger.info("hf rollout: generating in %s; actor_rollout_ref.rollout.dtype=%s is for vLLM/SGLang "
+                    "(set %s=bfloat16 for a bf16 hf rollout)", name, verl_dtype, HF_WEIGHT_DTYPE_KEY)
+    return name
 
 
 class HFRolloutServer:
@@ -83,14 +101,10 @@ class HFRolloutServer:
         # no packed fp32 linear copies here: this actor shares the machine with verl's FSDP workers, and a
         # second copy of the weights (and its repack after every push) cost memory Ray then reclaims by
         # killing an actor (NODE_OUT_OF_MEMORY, seen on 24 GB); the KV cache is kept to 1 GB.
-        # actor_rollout_ref.rollout.dtype (verl's name for the rollout's precision, vLLM's dtype) is the
-        # engine's weight_dtype: bfloat16 generates with a bf16 copy of the linear weights (half the
-        # fp32 copy's bytes; the pushed weights stay fp32); the CPU launch script sets float32.
         self.backend = HFBackend(model, tokenizer, max_batch_size=int(config.max_num_seqs or 64),
                                  seed=int(getattr(config, "seed", 0) or 0) + replica_rank,
-                                 packed_linear=False, kv_cache_gb=1.0,
-                                 weight_dtype=str(getattr(config, "dtype", None) or "float32"),
-                                 weight_dtype_setting="actor_rollout_ref.rollout.dtype")
+                                 packed_linear=False, kv_cache_gb=1.0, weight_dtype=hf_weight_dtype(config),
+                                 weight_dtype_setting=HF_WEIGHT_DTYPE_KEY)
         # verl's generate signature and sampling dict -> our backend (refuses what it cannot do)
         self.client = BackendLLMClient(self.backend, default_max_tokens=int(config.response_length))
         self.tied = self._tied_names(model)
