@@ -36,3 +36,12 @@ if "va_fails_after" not in SCORERS:
         if CALLS["va_fails_after"] > after:
             raise RuntimeError("the scorer broke")
         return vowel_share(solution_str, ground_truth, extra_info)
+
+if "va_starts_with_vowel" not in SCORERS:
+    @register_scorer("va_starts_with_vowel")
+    def starts_with_vowel(solution_str, ground_truth, extra_info=None):
+        """1.0 when the answer's first letter (after spaces) is a vowel: decided by the first generated
+        token alone, about a fifth of a random model's vocabulary. The learning regression test
+        (tests/test_learning.py) trains a tiny random model to say it."""
+        text = (solution_str or "").lstrip()
+        return float(text[:1].lower() in ("a", "e", "i", "o", "u"))
