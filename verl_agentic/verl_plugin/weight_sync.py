@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 import zmq
 
+from verl_agentic.shm import SHM_DIR, WEIGHT_BUCKETS, orphans, remove_orphans
+
 logger = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S"
@@ -140,36 +142,16 @@ def checked(weights: Iterable[tuple[str, torch.Tensor]], skip: frozenset[str],
         yield name, tensor
 
 
-def orphaned_buckets(shm_dir: str = "/dev/shm", prefix: str = "verl_weights_") -> list[str]:
-    """verl's shared-memory weight buckets that no process maps or holds open.
+def orphaned_buckets(shm_dir: str = SHM_DIR) -> list[str]:
+    """verl's shared-memory weight buckets of this user that no process maps or holds open.
 
     verl's sender creates the segment and keeps it mapped until its cleanup unlinks it; a sender
     killed before that (SIGKILL, out of memory) leaves it behind, and nothing else ever removes it.
-    A segment in use is mapped by its sender, so an unmapped one is litter."""
-    try:
-        names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]
-    except FileNotFoundError:
-        return []
-    if not names:
-        return []
-    used: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                used.update(n for line in f for n in names if n in line)
-            used.update(os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}")) for fd in os.listdir(f"/proc/{pid}/fd"))
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    return [os.path.join(shm_dir, n) for n in names if n not in used]
+    A segment in use is mapped by its sender, so an unmapped one is litter (``verl_agentic.shm``)."""
+    return orphans(WEIGHT_BUCKETS, shm_dir)
 
 
-def remove_orphaned_buckets(shm_dir: str = "/dev/shm") -> list[str]:
-    """Remove :func:`orphaned_buckets`; returns what was removed."""
-    removed = []
-    for path in orphaned_buckets(shm_dir):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
+def remove_orphaned_buckets(shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove :func:`orphaned_buckets`; returns what was removed. Another user's bucket, or one this
+    user may not remove, is left alone without an error."""
+    return remove_orphans(WEIGHT_BUCKETS, shm_dir)
