@@ -95,6 +95,21 @@ class GuardedSocket:
         return getattr(self._socket, name)
 
 
+def aliases(named: Iterable[tuple[Any, Any]], key: Callable[[Any], Any] = id) -> list[Any]:
+    """The names (first items) whose object (second item, compared by ``key``) an earlier name already
+    has: the second and later names of a tied weight. The one tied-weight rule of the plugin: the sync
+    leaves these out (:func:`tied_aliases`), the hf rollout accepts them (``cpu/hf_rollout.py``), vLLM's
+    worker repacks the layers they name (``cpu/vllm_worker.py``)."""
+    seen, out = set(), []
+    for name, obj in named:
+        k = key(obj)
+        if k in seen:
+            out.append(name)
+        else:
+            seen.add(k)
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def _tied_aliases(path: str, trust_remote_code: bool) -> frozenset[str]:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -102,14 +117,7 @@ def _tied_aliases(path: str, trust_remote_code: bool) -> frozenset[str]:
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    owners: dict[int, str] = {}
-    aliases = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in owners:
-            aliases.add(name)
-        else:
-            owners[id(param)] = name
-    return frozenset(aliases)
+    return frozenset(aliases(model.named_parameters(remove_duplicate=False)))
 
 
 def tied_aliases(model_config: Any) -> frozenset[str]:
@@ -155,3 +163,15 @@ def remove_orphaned_buckets(shm_dir: str = SHM_DIR) -> list[str]:
     """Remove :func:`orphaned_buckets`; returns what was removed. Another user's bucket, or one this
     user may not remove, is left alone without an error."""
     return remove_orphans(WEIGHT_BUCKETS, shm_dir)
+
+
+GUARDED_ADAPTER = "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
+
+
+def register_guarded_adapter() -> None:
+    """Put :data:`GUARDED_ADAPTER` in verl's rollout registry for ``("vllm", "async")`` (a private dict,
+    ``verl/workers/rollout/base.py:89``); verl imports it only when it builds a vLLM rollout. The registry
+    (``upstream.py``: ``weight_sync_guard``) applies this in CPU mode, and on a GPU only when switched on."""
+    from verl.workers.rollout import base as rollout_base
+
+    rollout_base._ROLLOUT_REGISTRY["vllm", "async"] = GUARDED_ADAPTER
