@@ -244,3 +244,42 @@ def test_the_layer_check_catches_a_planted_upward_import(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "reward.planted", planted)
     assert {("reward.planted", "tasks.gsm8k"), ("reward.planted", "trainer")} <= upward_imports()
     assert _unexplained_function_level_imports(planted, "reward.planted") == [5]
+
+
+def _silent_broad_excepts(path: Path) -> list[int]:
+    """Lines of ``except Exception`` / ``except BaseException`` / bare ``except`` handlers that neither raise
+    nor report the exception (use the name they bind) with a comment on the ``except`` line saying why going
+    on is safe."""
+    lines = path.read_text().splitlines()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ExceptHandler):
+            continue
+        caught = node.type
+        broad = caught is None or (isinstance(caught, ast.Name) and caught.id in ("Exception", "BaseException"))
+        if not broad:
+            continue
+        body = [n for stmt in node.body for n in ast.walk(stmt)]
+        if any(isinstance(n, ast.Raise) for n in body):
+            continue
+        reported = any((isinstance(n, ast.Name) and n.id == node.name) or (isinstance(n, ast.Attribute) and n.attr in (
+            "format_exc", "print_exc", "exception")) for n in body)
+        if not (reported and "#" in lines[node.lineno - 1]):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_broad_except_is_silent():
+    """Issue 37: each ``except Exception`` either re-raises, or reports the exception with the reason it is
+    safe to go on (a comment on its line); none swallows it."""
+    silent = [f"verl_agentic/{MODULES[m].relative_to(PKG)}:{line}" for m in MODULES
+              for line in _silent_broad_excepts(MODULES[m])]
+    assert not silent, "broad excepts that neither raise nor report (with the reason): " + ", ".join(silent)
+
+
+def test_the_broad_except_check_catches_a_silent_one(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    try:\n        g()\n    except Exception:\n        return None\n    try:\n"
+                       "        g()\n    except Exception as e:  # reported: the caller shows it\n        return str(e)\n"
+                       "    try:\n        g()\n    except Exception as e:\n        return str(e)\n")
+    assert _silent_broad_excepts(planted) == [4, 12]

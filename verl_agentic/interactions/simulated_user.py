@@ -75,7 +75,6 @@ def _load(settings: dict) -> Any:
         return OpenAIBackend.from_config(config, config.tokenizer or resolve_model_path(settings["model"]))
     # on first use, off the event loop: torch and transformers take seconds to import
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from verl_agentic.backends.hf import HFBackend
 
     path = str(resolve_model_path(settings["model"]))
