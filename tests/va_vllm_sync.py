@@ -143,6 +143,7 @@ def main() -> None:
     print(json.dumps(out), flush=True)
     for name in own_segments(WEIGHT_BUCKETS) - before:  # verl's hung sender's bucket: freed when this process ends
         os.unlink(os.path.join("/dev/shm", name))
+    ray.shutdown()  # this script's Ray cluster: os._exit would leave its agents behind
     os._exit(0)  # the hung sender thread cannot be joined
 
 
