@@ -234,8 +234,9 @@ if [[ "$DEVICE" == cpu ]]; then
   [[ -s "$OUT/metrics.jsonl" ]] && mv "$OUT/metrics.jsonl" "$OUT/metrics.$(date +%Y%m%d-%H%M%S).jsonl"
   export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT/metrics.jsonl}"
   export VERL_AGENTIC_WEIGHT_PUSH_LOG="${VERL_AGENTIC_WEIGHT_PUSH_LOG:-$OUT/weight_pushes.jsonl}"
-  # weight buckets in /dev/shm that a killed run left (verl unlinks them only when it gets to clean up)
-  "$PY" -c "from verl_agentic.verl_plugin.weight_sync import remove_orphaned_buckets as r
-for p in r(): print('run_gsm8k_multiturn.sh: removed', p, '(left by a killed run)')"
+  # shared memory in /dev/shm that a killed run left: verl's weight buckets (verl unlinks them only when it
+  # gets to clean up) and vLLM's message queues (psm_*, never unlinked when Ray kills the engine); only
+  # this user's, only those no live process holds; another user's or one it may not remove stays
+  "$PY" -m verl_agentic.shm
 fi
 exec "$PY" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "$@"

@@ -1,7 +1,8 @@
 """The import rule (issue 17), checked by parsing every module of ``verl_agentic``:
 
 - a module imports only from its own layer or below (module-level and function-level imports alike);
-- no import cycles among module-level imports (a package's ``__init__`` included);
+- no import cycles, among module-level imports (a package's ``__init__`` included) nor when imports inside
+  functions count too (an import moved into a function hides a cycle, it does not remove it);
 - no registry imports the built-ins that register into it (they are entry points: ``pyproject.toml``);
 - an import of ``verl_agentic`` inside a function says why it is not at the top (start-up time, an
   optional dependency, a worker process): a comment on it, or on the line above its block of imports.
@@ -22,7 +23,7 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 # lowest first; the longest matching prefix decides a module's layer
 LAYERS: list[tuple[str, ...]] = [
     ("interfaces",),
-    ("registry", "serving", "isolation", "models", "jsonl", "monitors",
+    ("registry", "serving", "isolation", "models", "jsonl", "monitors", "shm",
      "record"),  # the tape every door records on (tools, interactions and the HTTP clients are its doors)
     ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),
     ("rollout", "backends"),
@@ -135,11 +136,11 @@ def test_no_module_imports_a_layer_above_it():
     assert not gone, "fixed, so delete from KNOWN_UPWARD: " + ", ".join(f"{a} -> {b}" for a, b in gone)
 
 
-def _cycles() -> list[list[str]]:
+def _cycles(function_level: bool = False) -> list[list[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for mod in MODULES:
         for target, _, top in imports(mod):
-            if top:
+            if top or function_level:
                 graph[mod].add(target)
                 parts = target.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__ first
                 for i in range(1, len(parts)):
@@ -186,6 +187,21 @@ def test_no_import_cycles():
     assert sorted(_cycles()) == sorted(KNOWN_CYCLES)
 
 
+def test_no_import_cycles_through_imports_inside_functions():
+    """The whole package as ``python3`` would find it: e.g. ``verl_plugin/cpu/vllm_replica.py`` and
+    ``vllm_setup.py`` imported each other, one of them inside a function."""
+    assert _cycles(function_level=True) == []
+
+
+def test_the_cycle_check_catches_a_planted_cycle(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from verl_agentic.planted_b import x\n")
+    b.write_text("def f():\n    from verl_agentic.planted_a import y  # on first use\n")
+    monkeypatch.setitem(MODULES, "planted_a", a)
+    monkeypatch.setitem(MODULES, "planted_b", b)
+    assert _cycles() == [] and _cycles(function_level=True) == [["planted_a", "planted_b"]]
+
+
 def test_registries_do_not_import_their_builtins_and_find_them_as_entry_points():
     groups = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["project"]["entry-points"]
     for registry, group in REGISTRIES.items():
@@ -228,3 +244,42 @@ def test_the_layer_check_catches_a_planted_upward_import(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "reward.planted", planted)
     assert {("reward.planted", "tasks.gsm8k"), ("reward.planted", "trainer")} <= upward_imports()
     assert _unexplained_function_level_imports(planted, "reward.planted") == [5]
+
+
+def _silent_broad_excepts(path: Path) -> list[int]:
+    """Lines of ``except Exception`` / ``except BaseException`` / bare ``except`` handlers that neither raise
+    nor report the exception (use the name they bind) with a comment on the ``except`` line saying why going
+    on is safe."""
+    lines = path.read_text().splitlines()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ExceptHandler):
+            continue
+        caught = node.type
+        broad = caught is None or (isinstance(caught, ast.Name) and caught.id in ("Exception", "BaseException"))
+        if not broad:
+            continue
+        body = [n for stmt in node.body for n in ast.walk(stmt)]
+        if any(isinstance(n, ast.Raise) for n in body):
+            continue
+        reported = any((isinstance(n, ast.Name) and n.id == node.name) or (isinstance(n, ast.Attribute) and n.attr in (
+            "format_exc", "print_exc", "exception")) for n in body)
+        if not (reported and "#" in lines[node.lineno - 1]):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_broad_except_is_silent():
+    """Issue 37: each ``except Exception`` either re-raises, or reports the exception with the reason it is
+    safe to go on (a comment on its line); none swallows it."""
+    silent = [f"verl_agentic/{MODULES[m].relative_to(PKG)}:{line}" for m in MODULES
+              for line in _silent_broad_excepts(MODULES[m])]
+    assert not silent, "broad excepts that neither raise nor report (with the reason): " + ", ".join(silent)
+
+
+def test_the_broad_except_check_catches_a_silent_one(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    try:\n        g()\n    except Exception:\n        return None\n    try:\n"
+                       "        g()\n    except Exception as e:  # reported: the caller shows it\n        return str(e)\n"
+                       "    try:\n        g()\n    except Exception as e:\n        return str(e)\n")
+    assert _silent_broad_excepts(planted) == [4, 12]

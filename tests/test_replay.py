@@ -618,3 +618,26 @@ def test_recording_writers_of_200_steps_keep_a_bounded_number_of_files_open(tmp_
         writers.close()
     assert fds() == before
     assert [(e["index"], e["sample_id"]) for e in read_episodes(tmp_path / "step_000003")] == [(3, 0), (3, 1)]
+
+
+def test_the_tokenizer_a_replay_uses_is_logged(tiny_qwen_dir, caplog):
+    """The light tokenizer when its fingerprint is the recorded one's (info); transformers otherwise, with a
+    warning that says why: a fingerprint that differs, or a folder the light tokenizer cannot serve."""
+    import logging
+
+    from verl_agentic.record.probe import tokenizer_probe
+    from verl_agentic.replay import load_tokenizer
+    from verl_agentic.replay.tokenizer import LightTokenizer
+
+    probe = tokenizer_probe(LightTokenizer(tiny_qwen_dir), [])
+    with caplog.at_level(logging.INFO, logger="verl_agentic.replay"):
+        assert load_tokenizer(str(tiny_qwen_dir), probe)[1] == "light"
+        assert load_tokenizer(str(tiny_qwen_dir), {**probe, "render0": "another"})[1] == "transformers"
+        assert load_tokenizer(str(QWEN25_DIR), probe)[1] == "transformers"  # no tokenizer.json there
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "verl_agentic.replay"]
+    assert ("INFO", f"replay: tokenizer {tiny_qwen_dir} (light: its fingerprint is the recorded tokenizer's)") in logged
+    assert ("WARNING", f"replay: tokenizer {tiny_qwen_dir} loaded with transformers, not the light tokenizer: the "
+                       "light tokenizer's fingerprint differs from the recorded tokenizer's") in logged
+    assert any(level == "WARNING" and m.startswith(f"replay: tokenizer {QWEN25_DIR} loaded with transformers, not "
+                                                   "the light tokenizer: the light tokenizer cannot serve it (")
+               and f"FileNotFoundError: {QWEN25_DIR}: no tokenizer.json" in m for level, m in logged), logged

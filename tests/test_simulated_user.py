@@ -15,7 +15,7 @@ import pytest
 from va_testing import REPO
 from verl_agentic.interfaces import ConfigError, EpisodeFailure, SamplingParams
 from verl_agentic.interactions import load_interactions
-from verl_agentic.interactions.simulated_user import SimulatedUserInteraction, _load_backend, swap_roles
+from verl_agentic.interactions.simulated_user import SimulatedUserInteraction, swap_roles
 
 EXAMPLE = REPO / "examples" / "simulated_user"
 CONFIG = {"backend": "hf", "model": "embedded", "persona": "You are a person who asked a math question.",
@@ -27,7 +27,7 @@ QUESTION = [{"role": "system", "content": "You solve math word problems."},
 
 def _expected_reply(interaction: SimulatedUserInteraction, system: str, messages: list[dict]) -> str:
     """The user model's greedy reply, computed here from the chat template and the model directly."""
-    backend = _load_backend(interaction._key)
+    backend = asyncio.run(interaction.user_model())
     swapped = [{"role": "system", "content": system}, *swap_roles(messages)]
     ids = backend.tokenizer.apply_chat_template(swapped, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids
@@ -59,9 +59,9 @@ def test_the_user_model_replies_and_the_stop_rule_ends_the_conversation(smol_dir
         second = await it.generate_response(iid, [*asked, {"role": "user", "content": first[1]},
                                                   {"role": "assistant", "content": "You have 6 pencils."}])
         # a right answer ends the conversation without asking the model
-        before = _load_backend(it._key).stats()["requests"]
+        before = (await it.user_model()).stats()["requests"]
         right = await it.generate_response(iid, [*asked, {"role": "assistant", "content": "24"}])
-        after = _load_backend(it._key).stats()["requests"]
+        after = (await it.user_model()).stats()["requests"]
         await it.finalize_interaction(iid)
         return state["system"], asked, first, second, right, before, after
 
@@ -88,6 +88,39 @@ def test_bad_settings_are_clear_errors():
     it = SimulatedUserInteraction(CONFIG)
     with pytest.raises(EpisodeFailure, match=r"\{hidden_fact\}.*\['ground_truth'\]"):
         asyncio.run(it.start_interaction(None, ground_truth="24"))
+
+
+def test_the_user_model_loads_off_the_event_loop_and_closes_with_the_interaction(tiny_smol_dir):
+    """The weights load in a worker thread (the event loop keeps running: a ticker ticks meanwhile); each
+    interaction owns its model (no process-wide cache: two interactions, two models); ``close`` stops it (a
+    request to it fails), ``Interactions.close`` closes every interaction, and a reply after a close loads
+    the model again."""
+    config = {**CONFIG, "model": str(tiny_smol_dir), "max_new_tokens": 4}
+    interactions = load_interactions([{"name": "a", "class_name": "simulated_user", "config": config},
+                                      {"name": "b", "class_name": "simulated_user", "config": config}])
+    a, b = interactions.by_name["a"], interactions.by_name["b"]
+
+    async def go():
+        ticks = 0
+        loading = asyncio.ensure_future(a.user_model())
+        while not loading.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        first = await loading
+        second = await b.user_model()
+        reply = await a.reply("You are a user.", QUESTION[1:])
+        await interactions.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await first.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+        again = await a.user_model()
+        await a.close()
+        return ticks, first, second, reply, again
+
+    ticks, first, second, reply, again = asyncio.run(go())
+    assert ticks >= 3, ticks  # the loop ran while the weights loaded
+    assert first is not second and again is not first
+    assert isinstance(reply, str)
+    assert first._closed and second._closed and again._closed
 
 
 def test_the_example_with_smollm2_as_policy_and_user(smol_dir, tmp_path):

@@ -203,9 +203,11 @@ def test_per_turn_rewards_give_the_same_advantages_in_verls_trainer_and_in_main_
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
     from verl.trainer.ppo import ray_trainer
 
-    import verl_agentic.verl_plugin  # noqa: F401 - what `import verl` loads through the entry point
     from verl_agentic.trainer.batch import build_batch
+    from verl_agentic.verl_plugin import upstream
     from verl_agentic.verl_plugin.convert import to_agent_loop_output
+
+    assert upstream.apply("turn_rewards")  # what the task_agent loop does in its worker with agentic.turn_rewards
 
     def episode(uid: str, turn_lens: list[int], turn_rewards: list[float], score: float, k: int) -> dict:
         ids, mask, turns, messages = [], [], [], [{"role": "user", "content": "q"}]

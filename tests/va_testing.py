@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from verl_agentic.shm import PYTHON_SEGMENTS, SHM_DIR, own_segments, remove_orphans
+
 ASSETS = Path(__file__).parent / "assets"
 QWEN25_DIR = ASSETS / "tokenizers" / "qwen2.5-instruct"
 QWEN3_DIR = ASSETS / "tokenizers" / "qwen3"
@@ -9,36 +11,20 @@ REPO = Path(__file__).resolve().parent.parent
 GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
 
 
-SHM = Path("/dev/shm")
+SHM = Path(SHM_DIR)
 
 
 def shm_segments() -> set[str]:
-    """Python shared-memory segments (``psm_*``) in /dev/shm now."""
-    return {p.name for p in SHM.glob("psm_*")} if SHM.is_dir() else set()
+    """This user's Python shared-memory segments (``psm_*``) in /dev/shm now."""
+    return own_segments(PYTHON_SEGMENTS)
 
 
 def remove_orphan_shm(before: set[str]) -> list[str]:
-    """Remove the ``psm_*`` segments made since ``before`` that no live process has open or mapped.
-
-    vLLM's engine processes share a message queue through such segments and leave them behind when
-    Ray kills them (160-250 MB each, ~2 GB of RAM over the vLLM tests). Returns the names removed."""
+    """Remove the ``psm_*`` segments made since ``before`` that no live process has open or mapped
+    (``verl_agentic.shm``: vLLM's engine processes leave them behind when Ray kills them, 160-250 MB
+    each, ~2 GB of RAM over the vLLM tests). Returns the names removed."""
     new = shm_segments() - before
-    if not new:
-        return []
-    held: set[str] = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            held.update(name for name in new if name in (proc / "maps").read_text())
-            held.update(Path(link).name for link in (str(f.readlink()) for f in (proc / "fd").iterdir())
-                        if link.startswith("/dev/shm/psm_"))
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    removed = sorted(new - held)
-    for name in removed:
-        (SHM / name).unlink(missing_ok=True)
-    return removed
+    return sorted(Path(p).name for p in remove_orphans(PYTHON_SEGMENTS, among=new))
 
 
 def release_memory() -> None:

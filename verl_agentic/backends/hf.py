@@ -488,7 +488,7 @@ class HFBackend(GenerationBackend):
             fn, request = self._calls.popleft()
             try:
                 result = fn()
-            except Exception as exc:
+            except Exception as exc:  # raised to the caller of call_between_steps; the engine goes on
                 self._fail(request, exc)
             else:
                 self._post(request, self._set_result, result)

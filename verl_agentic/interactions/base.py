@@ -61,6 +61,10 @@ class BaseInteraction:
     async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
         self._instance_dict.pop(instance_id, None)
 
+    async def close(self) -> None:
+        """Release what the interaction holds across its episodes (a model, a connection); its owner calls
+        it when done with the interaction (``Interactions.close``). Nothing to release here."""
+
     @staticmethod
     def last_assistant_content(messages: list[dict]) -> str:
         for m in reversed(messages):

@@ -53,6 +53,13 @@ class Interactions:
     def names(self) -> list[str]:
         return sorted(self.by_name)
 
+    async def close(self) -> None:
+        """Close every interaction (``BaseInteraction.close``; a class without ``close`` holds nothing)."""
+        for interaction in self.by_name.values():
+            close = getattr(interaction, "close", None)
+            if close is not None:
+                await close()
+
     def select(self, interaction_kwargs: Optional[dict]) -> tuple[str, Any]:
         name = (interaction_kwargs or {}).get("name")
         if name is None:

@@ -36,12 +36,18 @@ Config (``class_name: verl_agentic.interactions.simulated_user.SimulatedUserInte
     temperature: 0.7         # 0: greedy. Sampling is seeded by the conversation: the same
     seed: 0                  # conversation gets the same reply, however episodes are batched
 
-The model is loaded once per process, on first use, and shared by every episode; with
-``backend: openai`` the server does the work.
+The interaction owns its user model: loaded on first use and shared by its episodes, released by
+:meth:`SimulatedUserInteraction.close` (``Interactions.close``; an interaction dropped unclosed is freed
+with it). With ``backend: openai`` the server does the work. The imports and the weights load off the
+event loop (a worker thread); the ``hf`` backend is then built on the loop's thread (its linear copies
+and the fused-forward check, ~4 s for SmolLM2 here): built on another thread, the backend decodes 10-20x
+slower on this machine (24 greedy SmolLM2 tokens in 12.7-24.9 s against 1.1-1.9 s; the cause is not found,
+DEVLOG), so that step stays where it is fast, once per interaction.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import zlib
@@ -57,26 +63,22 @@ from verl_agentic.reward.scorers import SCORERS
 
 BACKENDS = ("hf", "openai")
 DEFAULT_PERSONA = "You are a user talking with an AI assistant. Write only your own next message, briefly."
-_LOADED: dict[str, Any] = {}  # one user model per process and configuration
-_LOAD_LOCK = threading.Lock()
 
 
-def _load_backend(key: str) -> Any:
-    """The user model's backend for a configuration (``key``: its JSON), loaded once per process."""
-    with _LOAD_LOCK:
-        if key not in _LOADED:
-            d = json.loads(key)
-            if d["backend"] == "openai":
-                from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig  # on first use
+def _load(settings: dict) -> Any:
+    """In a worker thread: the ``openai`` backend (its tokenizer loads here), or the ``hf`` model's
+    ``(HFBackend class, model, tokenizer)`` to build on the event loop's thread (see the module docstring)."""
+    if settings["backend"] == "openai":
+        from verl_agentic.backends.openai_http import OpenAIBackend, OpenAIConfig  # on first use
 
-                settings = OpenAIConfig.from_dict(d["openai"])
-                _LOADED[key] = OpenAIBackend.from_config(settings, settings.tokenizer or resolve_model_path(d["model"]))
-            else:  # on first use: it imports torch
-                from verl_agentic.backends.hf import HFBackend
+        config = OpenAIConfig.from_dict(settings["openai"])
+        return OpenAIBackend.from_config(config, config.tokenizer or resolve_model_path(settings["model"]))
+    # on first use, off the event loop: torch and transformers take seconds to import
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl_agentic.backends.hf import HFBackend
 
-                _LOADED[key] = HFBackend.from_pretrained(str(resolve_model_path(d["model"])), dtype=d["dtype"],
-                                                        seed=d["seed"])
-        return _LOADED[key]
+    path = str(resolve_model_path(settings["model"]))
+    return HFBackend, AutoModelForCausalLM.from_pretrained(path, dtype=settings["dtype"]), AutoTokenizer.from_pretrained(path)
 
 
 def swap_roles(messages: list[dict]) -> list[dict]:
@@ -122,9 +124,36 @@ class SimulatedUserInteraction(BaseInteraction):
             from verl_agentic.backends.openai_http import OpenAIConfig
 
             OpenAIConfig.from_dict(dict(c.get("openai") or {}))  # its keys, checked now
-        self._key = json.dumps({"backend": self.backend_name, "model": str(c.get("model", "embedded")),
-                                "dtype": str(c.get("dtype", "float32")), "openai": dict(c.get("openai") or {}),
-                                "seed": self.seed}, sort_keys=True)
+        self._settings = {"backend": self.backend_name, "model": str(c.get("model", "embedded")),
+                          "dtype": str(c.get("dtype", "float32")), "openai": dict(c.get("openai") or {})}
+        self._backend: Any = None
+        self._loaded: Any = None  # what the worker thread loaded, until the backend is built from it
+        self._load_lock = threading.Lock()
+
+    def _load_once(self) -> Any:
+        with self._load_lock:  # concurrent first episodes: one load
+            if self._loaded is None and self._backend is None:
+                self._loaded = _load(self._settings)
+            return self._loaded
+
+    async def user_model(self) -> Any:
+        """The user model's backend, loaded on first use (see the module docstring); this interaction's
+        until :meth:`close`."""
+        if self._backend is None:
+            loaded = await asyncio.to_thread(self._load_once)
+            if self._backend is None:  # (no await since the check: one build per interaction)
+                if isinstance(loaded, tuple):
+                    backend_class, model, tokenizer = loaded
+                    loaded = backend_class(model, tokenizer, seed=self.seed)
+                self._backend, self._loaded = loaded, None
+        return self._backend
+
+    async def close(self) -> None:
+        """Release the user model (stop its engine, or close its HTTP session). Idempotent; a later reply
+        loads it again."""
+        backend, self._backend, self._loaded = self._backend, None, None
+        if backend is not None:
+            await backend.close()
 
     async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:
         try:
@@ -144,10 +173,7 @@ class SimulatedUserInteraction(BaseInteraction):
 
     async def reply(self, system: str, messages: list[dict]) -> str:
         """The user model's next message for this conversation."""
-        # The first call loads the model, on this thread, blocking the event loop once per process (a few
-        # seconds): an HFBackend built in a worker thread (asyncio.to_thread) decoded 10-40x slower on this
-        # machine (24 tokens in 12-47 s against 1.1 s; the cause, in the backend's threading, is not found).
-        backend = _load_backend(self._key)
+        backend = await self.user_model()
         chat = backend if has_native_chat(backend) else ChatAdapter(backend, parser="hermes")
         conversation = [{"role": "system", "content": system}, *swap_roles(messages)]
         seed = None

@@ -76,7 +76,7 @@ def probe_netns() -> tuple[bool, str]:
     try:
         subprocess.run(argv, preexec_fn=pre, check=True, timeout=30)
         return True, ""
-    except Exception as e:  # SubprocessError("Exception occurred in preexec_fn.") or OSError
+    except (subprocess.SubprocessError, OSError) as e:  # "Exception occurred in preexec_fn.", or exec failed
         return False, f"{type(e).__name__}: {e}"
 
 

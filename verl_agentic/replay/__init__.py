@@ -11,6 +11,7 @@ with another scorer and sets the score beside the recorded one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ from verl_agentic.rollout.loops import LoopLimits
 from verl_agentic.rollout.task_spec import get_task
 from verl_agentic.rollout.template import ChatTemplate
 from verl_agentic.rollout.trajectory import build_trajectory
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,7 +80,8 @@ class ReplayReport:
 
 def tokenizer_path(header: dict, given: Optional[str] = None) -> str:
     """The tokenizer to replay with: ``given``, else the recorded one when it is on this machine, else the
-    embedded model's when the run used it (``model.path`` null or ``embedded``)."""
+    embedded model's when the run used it (``model.path`` null or ``embedded``; logged, as the recorded
+    path is not the one used)."""
     if given:
         return str(given)
     path = header.get("tokenizer") or ""
@@ -85,28 +89,39 @@ def tokenizer_path(header: dict, given: Optional[str] = None) -> str:
         return path
     model = ((header.get("config") or {}).get("model") or {}).get("path")
     if model is None or str(model).strip().lower() in EMBEDDED_NAMES:
-        return str(embedded_model_dir(quiet=True))
+        embedded = str(embedded_model_dir(quiet=True))
+        logger.warning("replay: the recorded tokenizer %r is not on this machine; the run used the embedded model, so "
+                    "its tokenizer replays it: %s", path, embedded)
+        return embedded
     raise RecordingError(f"the recorded run's tokenizer {path!r} is not on this machine: pass --tokenizer PATH "
                          f"(a folder with the same tokenizer)")
 
 
 def load_tokenizer(path: str, probe: Optional[dict] = None, stop_token_ids: Iterable[int] = ()) -> tuple[Any, str]:
     """The tokenizer in ``path`` and how it was loaded: ``"light"`` (``replay/tokenizer.py``, without
-    transformers) when its fingerprint equals ``probe`` (the recorded tokenizer's), else ``"transformers"``."""
+    transformers) when its fingerprint equals ``probe`` (the recorded tokenizer's), else ``"transformers"``.
+    Which one, and why not the light one, is logged."""
+    why = "the recording has no tokenizer fingerprint"
     if probe:
         try:
             light = LightTokenizer(path)
-        except Exception:  # noqa: BLE001 - a folder it cannot serve (no tokenizer.json, ...): the slow path
-            light = None
-        if light is not None and tokenizer_probe(light, list(stop_token_ids)) == probe:
-            return light, "light"
+        except Exception as e:  # noqa: BLE001 - a folder it cannot serve (no tokenizer.json, a template jinja2
+            # cannot parse, ...): transformers loads it, only slower; the reason is logged below
+            light, why = None, f"the light tokenizer cannot serve it ({type(e).__name__}: {e})"
+        if light is not None:
+            if tokenizer_probe(light, list(stop_token_ids)) == probe:
+                logger.info("replay: tokenizer %s (light: its fingerprint is the recorded tokenizer's)", path)
+                return light, "light"
+            why = "the light tokenizer's fingerprint differs from the recorded tokenizer's"
     # on first use: transformers (and torch) take seconds to import
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path), "transformers"
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise RecordingError(f"cannot load the recorded run's tokenizer {path!r}: {e}") from None
+    logger.warning("replay: tokenizer %s loaded with transformers, not the light tokenizer: %s", path, why)
+    return tokenizer, "transformers"
 
 
 def recorded_imports(header: dict) -> list[str]:

@@ -39,6 +39,8 @@ class LightTokenizer:
 
         folder = Path(path)
         self.name_or_path = str(path)
+        if not (folder / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{folder}: no tokenizer.json")
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         config = {}
         if (folder / "tokenizer_config.json").exists():

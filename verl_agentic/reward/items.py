@@ -133,7 +133,7 @@ def _json_safe(value: Any) -> Any:
         return [_json_safe(v) for v in value]
     try:  # numpy / torch scalars
         return _json_safe(value.item())
-    except Exception:
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # no .item(), or not a single value
         return repr(value)[:1000]
 
 

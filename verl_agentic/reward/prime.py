@@ -132,7 +132,7 @@ def _zygote_main(sock_fd: int, memory_limit_mb: int, timeout_s: float, scorer_mo
 
         gc.collect()
         gc.freeze()  # workers never scan (or copy-on-write-touch) the preloaded objects in GC
-    except BaseException:
+    except BaseException:  # reported: the pool fails its start with this traceback
         sock.sendall(b"F" + traceback.format_exc().encode()[:60000])
         return
     sock.sendall(b"R")
@@ -186,7 +186,7 @@ def _worker_main(conn_fd: int, state_fd: int, memory_limit_mb: int, timeout_s: f
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         # in the worker process, inside the try that reports a failed start
         from verl_agentic.reward.naive import score_one
-    except BaseException:
+    except BaseException:  # reported: the pool fails this worker's start with this traceback
         conn.send(("fatal", traceback.format_exc()))
         return
     conn.send(("ready", os.getpid()))

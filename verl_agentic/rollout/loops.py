@@ -227,7 +227,7 @@ async def _safe_end(task: Any, state: EpisodeState) -> EpisodeResult:
         if not isinstance(result, EpisodeResult):
             raise TypeError(f"end() must return an EpisodeResult, got {type(result).__name__}")
         return result
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - recorded as the episode's end_error (unless it has one): end() always returns
         if state.error is None:
             state.error = EpisodeError("end_error", f"end: {type(e).__name__}: {e}")
             state.finish_reason = state.finish_reason or FINISH_ERROR

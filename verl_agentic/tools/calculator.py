@@ -154,7 +154,7 @@ FUNCTIONS: dict[str, tuple[Callable, int, Optional[int]]] = {
 def _describe(node: ast.AST) -> str:
     try:
         return repr(ast.unparse(node))
-    except Exception:  # noqa: BLE001 - only for the message
+    except (AttributeError, TypeError, ValueError, RecursionError):  # a node unparse cannot write: its type
         return type(node).__name__
 
 

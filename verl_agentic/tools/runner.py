@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections import Counter
@@ -40,6 +41,8 @@ from verl_agentic.interfaces import ConfigError, EpisodeFailure, RolloutContext
 from verl_agentic.record.tape import door
 from verl_agentic.tools.base import BaseTool, ToolResult
 from verl_agentic.tools.parsers import get_parser
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,18 +106,23 @@ class ToolRunner:
             kwargs = kwargs.get("create_kwargs", kwargs) if isinstance(kwargs, dict) else {}
             self.instance_ids[name] = await t.create(f"{self.episode_id}-{name}", **kwargs)
 
+    def _release_error(self, name: str, step: str, error: Exception) -> None:
+        self.counts["tool_release_error"] += 1
+        logger.warning("tool %r: %s failed at the end of episode %s (counted in tool_release_error): %s: %s",
+                       name, step, self.episode_id, type(error).__name__, error)
+
     async def close(self) -> None:
         """``release`` every created tool (errors are swallowed: release must not mask the episode)."""
         for name, iid in list(self.instance_ids.items()):
             try:
                 self.reward += await door("tool_reward", {"name": name},
                                           lambda: self._calc_reward(self.tools[name], iid))
-            except Exception:
-                self.counts["tool_release_error"] += 1
+            except Exception as e:  # counted and logged: a tool's reward must not mask the episode's result
+                self._release_error(name, "calc_reward", e)
             try:
                 await self.tools[name].release(iid)
-            except Exception:
-                self.counts["tool_release_error"] += 1
+            except Exception as e:  # counted and logged: a tool's release must not mask the episode's result
+                self._release_error(name, "release", e)
         self.instance_ids.clear()
 
     async def _call(self, call: Any) -> ToolResult:

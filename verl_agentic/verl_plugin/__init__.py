@@ -15,17 +15,22 @@ every Ray worker) and swallows their errors at debug level; set
 this one. If the names are missing, ``python -c "import verl_agentic.verl_plugin"`` shows the
 real import error.
 
-It also puts verl's vLLM rollout adapter with a weight sync that fails instead of hanging, and that
-loads tied weights whatever the bucket size, in verl's rollout registry (``verl_plugin/vllm_sync.py``;
-``VERL_AGENTIC_WEIGHT_SYNC_GUARD=0`` keeps verl's own), on GPU and CPU alike.
+Every change it makes to verl and vLLM is one entry of one registry (``verl_plugin/upstream.py``:
+target, versions, mode, switch, guarding test), applied here in the registry's order by
+``upstream.install()``; ``python -m verl_agentic.verl_plugin --patches`` prints them with their state in
+that process. Besides the registrations above:
 
-It feeds each training step of verl's (v1) trainer to the reward-hacking and collapse monitors
-(``verl_plugin/monitors.py``, settings ``+agentic.monitors.*``; ``VERL_AGENTIC_MONITORS=0`` leaves
-verl's trainer unwrapped).
-
-With ``VERL_PLATFORM=cpu`` it also switches verl's trainer to the CPU (``verl_plugin/cpu``:
-the platform, FSDP engines for "cpu", two patches and the ``hf`` rollout); otherwise that code
-is not even imported.
+- the reward-hacking and collapse monitors wrap verl's (v1) trainer's step metrics
+  (``verl_plugin/monitors.py``, settings ``+agentic.monitors.*``; ``VERL_AGENTIC_MONITORS=0`` leaves
+  verl's trainer unwrapped);
+- per-turn rewards (``verl_plugin/turn_rewards.py``) wrap verl's agent-loop output only when a run asks
+  for them (``+agentic.turn_rewards=true``);
+- with ``VERL_PLATFORM=cpu`` it switches verl's trainer to the CPU (``verl_plugin/cpu``: the platform, FSDP
+  engines for "cpu", two patches, the ``hf`` rollout, verl's vLLM rollout on vLLM's CPU build), and puts
+  verl's vLLM adapter with a weight sync that fails instead of hanging in verl's rollout registry
+  (``verl_plugin/vllm_sync.py``). None of these is applied on a GPU run: none has run on a GPU. The
+  weight-sync guard may be switched on there (``VERL_AGENTIC_WEIGHT_SYNC_GUARD=1``; ``=0`` switches it off
+  everywhere).
 
 In verl's trainer process it first checks the command line for verl <= 0.7 keys that verl 0.9.1 no
 longer has (``verl_plugin/removed_keys.py``) and stops with their replacements.
@@ -33,28 +38,10 @@ longer has (``verl_plugin/removed_keys.py``) and stops with their replacements.
 Keep this module small: it runs in every process that imports verl.
 """
 
-import os
-
 from verl_agentic.verl_plugin import removed_keys as _removed_keys
 
 _removed_keys.check_command_line()  # verl 0.7's keys that 0.9.1 lacks: their replacement, not hydra's "not in struct"
 
-from verl_agentic.verl_plugin import reward  # noqa: F401  (registers the reward managers)
-from verl_agentic.verl_plugin import agent_loop  # noqa: F401  (registers the task_agent agent loop)
-from verl_agentic.verl_plugin import turn_advantage  # noqa: F401  (registers the turn_loo advantage estimator)
-from verl_agentic.verl_plugin import cpu as _cpu
-from verl_agentic.verl_plugin import turn_rewards as _turn_rewards
+from verl_agentic.verl_plugin import upstream as _upstream  # noqa: E402
 
-_turn_rewards.install()  # per-turn rewards into verl's token-level scores, for outputs that carry them
-
-if os.environ.get("VERL_AGENTIC_WEIGHT_SYNC_GUARD", "1") != "0":
-    from verl.workers.rollout import base as _rollout_base
-
-    # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
-    _rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
-if os.environ.get("VERL_AGENTIC_MONITORS", "1") != "0":
-    from verl_agentic.verl_plugin import monitors as _monitors
-
-    _monitors.install_on_import()  # wraps verl's PPOTrainer._compute_metrics when the trainer imports it
-if _cpu.cpu_mode_requested():
-    _cpu.activate()
+_upstream.install()

@@ -102,6 +102,7 @@ from verl_agentic.jsonl import JsonLinesAppender
 from verl_agentic.monitors import MonitorsConfig
 from verl_agentic.record import RecordingWriters, Tape, recording_header, taped, using
 from verl_agentic.registry import import_modules
+from verl_agentic.verl_plugin import upstream
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 
@@ -318,6 +319,9 @@ class TaskAgentLoop(AgentLoopBase):
             raise ConfigError("agentic.turn_rewards needs verl's streaming reward (rule-based rewards, or a reward "
                               "model with reward.reward_model.enable_resource_pool=true); a colocated reward model "
                               "scores after the rollout, where the per-turn rewards cannot be added")
+        if self.settings.turn_rewards and not upstream.apply("turn_rewards"):
+            raise ConfigError(f"agentic.turn_rewards needs verl's AgentLoopOutput.as_dict wrapped, and the registry "
+                              f"did not apply it: {upstream.status(upstream.BY_NAME['turn_rewards'])}")
         if self.settings.record and not (self.config.get("trainer") or {}).get("rollout_data_dir"):
             raise ConfigError("agentic.record needs trainer.rollout_data_dir: the recordings go beside the "
                               "trajectory dump (<rollout_data_dir>/recordings/step_NNNNNN/)")

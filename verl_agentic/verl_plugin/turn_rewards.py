@@ -7,8 +7,10 @@ advantage estimators then read ``token_level_rewards = rm_scores``. A turn-level
 ``turn_loo``) needs each assistant turn's own reward on that turn. With ``agentic.turn_rewards`` the
 ``task_agent`` loop puts ``[[position, reward], ...]`` in the output's ``agentic_turn_rewards`` field
 (``convert.py``: every assistant turn but the last, on its last token, the rule of ``main_ppo``'s
-``algorithm.turn_rewards``), and :func:`install` wraps ``as_dict`` to add them to ``rm_scores``.
-Outputs without that field are untouched, so other agent loops see verl's behaviour.
+``algorithm.turn_rewards``), and :func:`install` wraps ``as_dict`` to add them to ``rm_scores``: the loop
+applies it (the registry's ``turn_rewards``, mode opt-in) in its agent-loop worker when the setting is on,
+and only then; other processes, and runs without the setting, keep verl's ``as_dict``. Outputs without
+that field are untouched, so other agent loops see verl's behaviour.
 
 This serves verl's streaming reward path (the agent-loop worker scores each episode: rule-based
 rewards, which all of our reward managers are, or a reward model with a resource pool of its own);

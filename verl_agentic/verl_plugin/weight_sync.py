@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 import zmq
 
+from verl_agentic.shm import SHM_DIR, WEIGHT_BUCKETS, orphans, remove_orphans
+
 logger = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S"
@@ -93,6 +95,21 @@ class GuardedSocket:
         return getattr(self._socket, name)
 
 
+def aliases(named: Iterable[tuple[Any, Any]], key: Callable[[Any], Any] = id) -> list[Any]:
+    """The names (first items) whose object (second item, compared by ``key``) an earlier name already
+    has: the second and later names of a tied weight. The one tied-weight rule of the plugin: the sync
+    leaves these out (:func:`tied_aliases`), the hf rollout accepts them (``cpu/hf_rollout.py``), vLLM's
+    worker repacks the layers they name (``cpu/vllm_worker.py``)."""
+    seen, out = set(), []
+    for name, obj in named:
+        k = key(obj)
+        if k in seen:
+            out.append(name)
+        else:
+            seen.add(k)
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def _tied_aliases(path: str, trust_remote_code: bool) -> frozenset[str]:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -100,14 +117,7 @@ def _tied_aliases(path: str, trust_remote_code: bool) -> frozenset[str]:
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    owners: dict[int, str] = {}
-    aliases = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in owners:
-            aliases.add(name)
-        else:
-            owners[id(param)] = name
-    return frozenset(aliases)
+    return frozenset(aliases(model.named_parameters(remove_duplicate=False)))
 
 
 def tied_aliases(model_config: Any) -> frozenset[str]:
@@ -140,36 +150,28 @@ def checked(weights: Iterable[tuple[str, torch.Tensor]], skip: frozenset[str],
         yield name, tensor
 
 
-def orphaned_buckets(shm_dir: str = "/dev/shm", prefix: str = "verl_weights_") -> list[str]:
-    """verl's shared-memory weight buckets that no process maps or holds open.
+def orphaned_buckets(shm_dir: str = SHM_DIR) -> list[str]:
+    """verl's shared-memory weight buckets of this user that no process maps or holds open.
 
     verl's sender creates the segment and keeps it mapped until its cleanup unlinks it; a sender
     killed before that (SIGKILL, out of memory) leaves it behind, and nothing else ever removes it.
-    A segment in use is mapped by its sender, so an unmapped one is litter."""
-    try:
-        names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]
-    except FileNotFoundError:
-        return []
-    if not names:
-        return []
-    used: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                used.update(n for line in f for n in names if n in line)
-            used.update(os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}")) for fd in os.listdir(f"/proc/{pid}/fd"))
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    return [os.path.join(shm_dir, n) for n in names if n not in used]
+    A segment in use is mapped by its sender, so an unmapped one is litter (``verl_agentic.shm``)."""
+    return orphans(WEIGHT_BUCKETS, shm_dir)
 
 
-def remove_orphaned_buckets(shm_dir: str = "/dev/shm") -> list[str]:
-    """Remove :func:`orphaned_buckets`; returns what was removed."""
-    removed = []
-    for path in orphaned_buckets(shm_dir):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
+def remove_orphaned_buckets(shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove :func:`orphaned_buckets`; returns what was removed. Another user's bucket, or one this
+    user may not remove, is left alone without an error."""
+    return remove_orphans(WEIGHT_BUCKETS, shm_dir)
+
+
+GUARDED_ADAPTER = "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
+
+
+def register_guarded_adapter() -> None:
+    """Put :data:`GUARDED_ADAPTER` in verl's rollout registry for ``("vllm", "async")`` (a private dict,
+    ``verl/workers/rollout/base.py:89``); verl imports it only when it builds a vLLM rollout. The registry
+    (``upstream.py``: ``weight_sync_guard``) applies this in CPU mode, and on a GPU only when switched on."""
+    from verl.workers.rollout import base as rollout_base
+
+    rollout_base._ROLLOUT_REGISTRY["vllm", "async"] = GUARDED_ADAPTER

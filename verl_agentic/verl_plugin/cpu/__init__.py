@@ -2,7 +2,9 @@
 
 verl 0.9.1 trains only on accelerators. With ``VERL_PLATFORM=cpu`` in the environment (verl's own
 switch for the platform; ``DEVICE=cpu scripts/run_gsm8k_multiturn.sh`` sets it), the plugin, which
-``import verl`` loads in the driver and in every Ray worker, calls :func:`activate`:
+``import verl`` loads in the driver and in every Ray worker, applies these patches (each an entry of the
+plugin's registry, ``verl_plugin/upstream.py``, mode ``cpu``; ``python -m verl_agentic.verl_plugin --patches``
+lists them):
 
 1. the ``cpu`` platform (``platform.PlatformCPU``) in verl's ``PlatformRegistry``;
 2. verl's FSDP engines registered for device "cpu", and two patches (``patches.py``, each naming
@@ -24,54 +26,52 @@ Then a run selects the rollout and the CPU settings with overrides (the launch s
         actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \\
         +actor_rollout_ref.model.override_config.attn_implementation=sdpa
 
-Without ``VERL_PLATFORM=cpu`` nothing here is imported and verl runs exactly as it ships.
+Without ``VERL_PLATFORM=cpu`` none of these patches is applied and none of the modules of this folder is
+imported (this one holds the switch), and verl runs exactly as it ships.
 """
 
 from __future__ import annotations
 
-import os
-
-ENV = "VERL_PLATFORM"
-ROLLOUT_NAME = "hf"
-_ACTIVE = False
+HF_ROLLOUT = "hf"
 
 
-def cpu_mode_requested() -> bool:
-    """True when this process was asked to run verl on the CPU (``VERL_PLATFORM=cpu``)."""
-    return os.environ.get(ENV, "").strip().lower() == "cpu"
-
-
-def activate() -> None:
-    """Register the CPU platform, engines, patches and the ``hf`` rollout (idempotent)."""
-    global _ACTIVE
-    if _ACTIVE:
-        return
-    from verl.plugin.platform import PlatformRegistry
+def register_hf_rollout() -> None:
+    """The ``hf`` rollout: its replica in verl's ``RolloutReplicaRegistry`` and its ``BaseRollout`` adapter
+    in verl's rollout registry, a private dict (``verl/workers/rollout/base.py:89``; ``upstream.py``)."""
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    # CPU mode only: loaded when the platform is switched to CPU
-    from verl_agentic.verl_plugin.cpu import modes, patches, vllm_setup
-    from verl_agentic.verl_plugin.cpu.platform import PlatformCPU
-    from verl_agentic.verl_plugin.on_import import after_import
-
-    PlatformRegistry.register(platform="cpu")(PlatformCPU)
-    patches.apply_all()
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
-    vllm_setup.alias_vllm_distribution()
-    RolloutReplicaRegistry.register("vllm", vllm_setup.load_replica)
-    # verl's rollout registry is a private dict (verl/workers/rollout/base.py:89; upstream.VERL)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = (
-        "verl_agentic.verl_plugin.cpu.hf_rollout.HFRolloutAdapter")
-    after_import(modes.SEPARATE_ASYNC_MODULE, modes.refuse_separate_async)
-    _ACTIVE = True
+    RolloutReplicaRegistry.register(HF_ROLLOUT, load_hf_replica)
+    rollout_base._ROLLOUT_REGISTRY[HF_ROLLOUT, "async"] = "verl_agentic.verl_plugin.cpu.hf_rollout.HFRolloutAdapter"
 
 
-def _load_replica():
+def register_vllm_replica() -> None:
+    """verl's ``vllm`` replica, on the CPU with our worker extension (``vllm_replica.py``), found by verl's
+    ``RolloutReplicaRegistry`` when a run asks for ``actor_rollout_ref.rollout.name=vllm``."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register("vllm", load_vllm_replica)
+
+
+def load_hf_replica() -> type:
     # CPU mode only: verl asks for the replica class when it builds the rollout
     from verl_agentic.verl_plugin.cpu.hf_rollout import HFReplica
 
     return HFReplica
 
 
-__all__ = ["activate", "cpu_mode_requested", "ENV", "ROLLOUT_NAME"]
+def load_vllm_replica() -> type:
+    """``RolloutReplicaRegistry`` loader for ``vllm`` in CPU mode: a clear error where this environment has
+    no vLLM, else verl's replica with our worker extension."""
+    # CPU mode with the vllm rollout only: vllm_replica imports vLLM
+    from verl_agentic.verl_plugin.cpu.vllm_setup import require_vllm
+
+    require_vllm()
+    # only once vLLM is known to be there: this module imports it
+    from verl_agentic.verl_plugin.cpu.vllm_replica import CPUvLLMReplica
+
+    return CPUvLLMReplica
+
+
+__all__ = ["load_hf_replica", "load_vllm_replica", "register_hf_rollout",
+           "register_vllm_replica", "HF_ROLLOUT"]

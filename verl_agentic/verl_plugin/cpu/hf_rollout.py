@@ -42,6 +42,7 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_agentic.interfaces import WEIGHT_DTYPE_NAMES, canonical_weight_dtype
 from verl_agentic.verl_plugin.cpu.weight_log import log_push, weight_fingerprint
+from verl_agentic.verl_plugin.weight_sync import aliases
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +123,7 @@ class HFRolloutServer:
     def _tied_names(model: Any) -> set[str]:
         """State-dict names that share storage with an earlier name (e.g. ``lm_head.weight`` tied to
         the input embeddings): the trainer may send either."""
-        seen: dict[int, str] = {}
-        tied = set()
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            key = tensor.data_ptr()
-            if key in seen:
-                tied.add(name)
-            else:
-                seen[key] = name
-        return tied
+        return set(aliases(model.state_dict(keep_vars=True).items(), key=lambda tensor: tensor.data_ptr()))
 
     # -- generation -------------------------------------------------------------------------
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_agentic.interfaces import ConfigError
+from verl_agentic.verl_plugin.on_import import after_import
 
 SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
 SEPARATE_ASYNC_ON_CPU = (
@@ -24,6 +25,11 @@ SEPARATE_ASYNC_ON_CPU = (
     "checkpoint engine other than naive (verl's nccl, nixl, mooncake and hccl all move weights between "
     "accelerators; verl/trainer/ppo/v1/trainer_separate_async.py:64-70); use trainer.v1.trainer_mode=colocate_async "
     "(partial rollouts across weight updates, staleness control) or sync")
+
+
+def refuse_separate_async_on_import() -> None:
+    """:func:`refuse_separate_async` once verl's trainer imports the module (``on_import``)."""
+    after_import(SEPARATE_ASYNC_MODULE, refuse_separate_async)
 
 
 def refuse_separate_async(module: Any) -> None:
@@ -36,4 +42,4 @@ def refuse_separate_async(module: Any) -> None:
     cls.__init__ = __init__
 
 
-__all__ = ["refuse_separate_async", "SEPARATE_ASYNC_MODULE", "SEPARATE_ASYNC_ON_CPU"]
+__all__ = ["refuse_separate_async", "refuse_separate_async_on_import", "SEPARATE_ASYNC_MODULE", "SEPARATE_ASYNC_ON_CPU"]

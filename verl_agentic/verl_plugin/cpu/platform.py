@@ -154,3 +154,10 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
+
+
+def register() -> None:
+    """The ``cpu`` platform in verl's ``PlatformRegistry`` (CPU mode; ``upstream.py``: ``cpu_platform``)."""
+    from verl.plugin.platform import PlatformRegistry
+
+    PlatformRegistry.register(platform="cpu")(PlatformCPU)

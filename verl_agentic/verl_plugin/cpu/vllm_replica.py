@@ -1,23 +1,30 @@
 """verl's vLLM replica and server for the CPU: the same classes, with the in-place weight sync.
 
-Loaded by ``vllm_setup.load_replica`` when verl builds a ``vllm`` rollout in CPU mode (it imports
+Loaded by ``verl_plugin.cpu.load_vllm_replica`` when verl builds a ``vllm`` rollout in CPU mode (it imports
 vLLM). The changes to verl's server: the worker extension it hands vLLM (verl's hook
 ``vLLMHttpServer._get_worker_extension_cls``), verl's pause call translated for vLLM 0.32
-(:func:`accept_verls_pause_arguments`, which the async trainers' abort needs), and a check of the
-settings vLLM's CPU engine refuses before anything starts.
+(:func:`accept_verls_pause_arguments`, which the async trainers' abort needs; the registry's
+``vllm_pause_arguments``), and a check of the settings vLLM's CPU engine refuses before anything starts.
+Before its servers start, the replica removes the ``psm_*`` segments that earlier vLLM engines of this
+user left when Ray killed them (``verl_agentic.shm``: only those no live process holds).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from typing import Any
 
 import ray
 
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
+from verl_agentic.shm import PYTHON_SEGMENTS, remove_orphans
+from verl_agentic.verl_plugin import upstream
 from verl_agentic.verl_plugin.cpu.vllm_setup import WORKER_EXTENSION, check_rollout_config
+
+logger = logging.getLogger(__name__)
 
 
 def accept_verls_pause_arguments() -> None:
@@ -51,7 +58,7 @@ class CPUvLLMHttpServer(vLLMHttpServer):
     """verl's vLLM server with :class:`~verl_agentic.verl_plugin.cpu.vllm_worker.CPUWorkerExtension`."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        accept_verls_pause_arguments()  # in the server's process, where verl calls the engine
+        upstream.apply("vllm_pause_arguments")  # in the server's process, where verl calls the engine
         super().__init__(*args, **kwargs)
 
     def _get_worker_extension_cls(self) -> str:
@@ -65,3 +72,5 @@ class CPUvLLMReplica(vLLMReplica):
         super().__init__(*args, **kwargs)
         check_rollout_config(self.config)
         self.server_class = ray.remote(CPUvLLMHttpServer)
+        for path in remove_orphans(PYTHON_SEGMENTS):  # what killed vLLM engines left (see the module docstring)
+            logger.info("removed %s (shared memory a killed vLLM engine left)", path)

