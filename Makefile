@@ -1,5 +1,6 @@
 # make demo : set up .venv (idempotent), run multi-turn GSM8K rollouts on the embedded model, write the HTML report
-# make test : set up .venv and run the test-suite
+# make test : set up .venv and run the test-suite (CI runs this)
+# make test-fast : the same, without the tests marked slow (verl's trainer, vLLM, training runs): the edit-test loop
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut
 
 DEMO_ARGS ?= data.max_samples=8 rollout.n=1 rollout.max_turns=3 rollout.max_new_tokens=192
 
-.PHONY: setup demo test clean-venv
+.PHONY: setup demo test test-fast clean-venv
 
 setup: $(STAMP)
 	@bash scripts/setup_bwrap.sh || echo "make setup: bubblewrap is missing: the Python sandbox refuses to run (see above)" >&2
@@ -29,6 +30,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV) .venv-vllm

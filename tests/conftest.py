@@ -90,6 +90,24 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"GB ({p.start_gb:.1f} GB before the tests)")
 
 
+# ---------------------------------------------------------------------------------------------
+# make test-fast: everything but the tests marked slow (in their module, or listed in slow_tests.txt)
+
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def slow_test_ids() -> set[str]:
+    return {line.split()[1] for line in SLOW_LIST.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    slow = slow_test_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_orphan_shared_memory():
     """After each test module: remove the shared-memory segments it left that nothing holds (vLLM's, when

@@ -157,3 +157,31 @@ def test_unknown_policy_and_keys_are_config_errors():
     row = {"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "1"}}
     with pytest.raises(ConfigError, match="unknown task.gsm8k keys"):
         gsm8k_start(row, RolloutContext(tokenizer=None, task_config={"feedbak": "retry"}))
+
+
+def test_a_turn_cut_at_max_new_tokens_has_no_answer_when_configured():
+    """``answer_in_cut_turn=false``: a turn cut at max_new_tokens is wrong whatever number it ends on (its
+    text is unfinished working), in the task's turn answers and in the scorer the reward managers call;
+    the default keeps the flexible extraction's last number."""
+    from verl_agentic.interfaces import GenOutput
+    from verl_agentic.reward.items import item_from_trajectory
+    from verl_agentic.reward.scorers import run_scorer
+    from verl_agentic.tasks.gsm8k.task import gsm8k_obs, gsm8k_start
+
+    row = {"prompt": [{"role": "user", "content": "Ben has 8 and gives 6 away. How many?"}],
+           "reward_model": {"ground_truth": "2"}}
+    text = "Ben had 8, gave 6, so he has 2"
+    for setting, expected in ((True, "2"), (False, None)):
+        ctx = RolloutContext(tokenizer=None, task_config={"feedback": "retry", "answer_in_cut_turn": setting},
+                             max_turns=2)
+        state = gsm8k_start(row, ctx)
+        state.messages.append({"role": "assistant", "content": text})
+        state.num_turns = 1
+        gsm8k_obs(state, GenOutput(token_ids=[1] * 24, logprobs=None, text=text, finish_reason="length"))
+        assert state.task.answers == [expected]
+        traj = {"ground_truth": "2", "data_source": "openai/gsm8k", "messages": [{"role": "assistant", "content": text}],
+                "turns": [{"role": "assistant", "start": 0, "end": 24, "finish_reason": "length"}]}
+        score, extra = run_scorer(item_from_trajectory(traj), scorer_kwargs={"gsm8k": {"answer_in_cut_turn": setting}})
+        assert score == float(setting) and extra["pred"] == expected
+        traj["turns"][0]["finish_reason"] = "stop"  # a finished turn answers either way
+        assert run_scorer(item_from_trajectory(traj), scorer_kwargs={"gsm8k": {"answer_in_cut_turn": setting}})[0] == 1.0

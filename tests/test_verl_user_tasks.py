@@ -22,6 +22,8 @@ from va_docs import command_argv, marked_blocks, write_files
 from va_testing import REPO
 from va_user_tasks import expected_score, user_env, write_user_tasks
 
+pytestmark = pytest.mark.slow  # verl's trainer: not in make test-fast
+
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 PAGE = REPO / "docs" / "migrating.md"
 

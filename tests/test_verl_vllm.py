@@ -11,12 +11,13 @@ The end-to-end fixture launches three real runs on the embedded SmolLM2 (marked 
 1. two GRPO steps, rows choosing three agent variants (verify feedback, retry feedback, the sandboxed
    ``python`` tool with the ``code_verify`` interaction), validation before and at step 2, a
    checkpoint, weight-sync buckets of 128 MB (the model goes in 5 buckets, its tied embeddings split);
-2. a resume whose vLLM worker is made to fail loading the weights after step 3's update (a test-only
-   worker extension, tests/va_vllm_faults.py, selected through verl's ``engine_kwargs``: the one fault
-   that cannot be caused on purpose otherwise; the shipped code has no fault switch): the run must fail within
-   bounded time, with the cause, leaving the checkpoint of step 2 and no shared-memory segment
-   (verl saves before it syncs; step 3 is not saved: save_freq is 2 and it is not the last step);
-3. a resume from that checkpoint, which runs step 3.
+2. a resume whose vLLM worker is made to fail loading the weights at its first sync, the push of the
+   checkpoint's weights (a test-only worker extension, tests/va_vllm_faults.py, selected through verl's
+   ``engine_kwargs``: the one fault that cannot be caused on purpose otherwise; the shipped code has no
+   fault switch): the run must fail within bounded time, with the cause, leaving the checkpoint of
+   step 2 and no shared-memory segment. (It used to fail after training step 3: the same
+   ``update_weights`` path, one step dearer);
+3. a resume from that checkpoint, which runs steps 3 and 4 in verl's colocate_async mode.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _launch, _metrics, _write_data
+from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _episodes, _launch, _metrics, _write_data
 from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
+
+pytestmark = pytest.mark.slow  # vLLM's environment and verl's trainer: not in make test-fast
 
 BUCKET_MB = 128  # SmolLM2's fp32 weights in 5 buckets: embeddings in the first, lm_head's alias in the last
 # the test-only worker extension whose load fails (tests/va_vllm_faults.py), importable in vLLM's workers
@@ -168,7 +171,7 @@ def test_weights_reload_into_vllms_cpu_engine_in_place_keeping_its_packed_kernel
     """Bucket by bucket, as verl sends them, into vLLM's packed CPU layers: after a push of perturbed
     weights vLLM's logprobs are a Hugging Face forward's of the perturbed model (the tied lm_head
     included: it is repacked from the embedding); pushing the originals back restores the original
-    tokens exactly; decoding speed is the packed kernels' before and after; a push lacking a
+    tokens exactly; the layers compute with the packed kernels before and after; a push lacking a
     parameter is an error naming it (vLLM's own reload only logs it)."""
     out = subprocess.run([str(vllm_py), str(REPO / "tests" / "va_vllm_reload.py"), str(smol_dir), str(BUCKET_MB)],
                          capture_output=True, text=True, timeout=900, cwd=REPO,
@@ -180,8 +183,11 @@ def test_weights_reload_into_vllms_cpu_engine_in_place_keeping_its_packed_kernel
     assert r["restored"] == {"same_tokens": True, "max_abs_dlogprob": 0.0}
     assert r["push_restored"]["fingerprint"] != r["push_perturbed"]["fingerprint"]
     assert r["missing"]["error"].startswith("WeightLoadError") and "model.norm.weight" in r["missing"]["error"]
-    # the packed kernels survive the reload (the plain F.linear path is ~1.5x slower: bench/RESULTS.md)
-    assert r["tokens_per_s"]["after_push"] > 0.8 * r["tokens_per_s"]["before"], r["tokens_per_s"]
+    # the packed kernels survive the reload: the same layers compute packed before and after a push (the
+    # plain F.linear path is ~1.5x slower: bench/RESULTS.md; a speed ratio here failed on a loaded machine)
+    before, after = r["packed"]["before"], r["packed"]["after_push"]
+    assert before["layers"] >= 30 * 4 and len(before["packed"]) >= 30 * 4, before  # qkv, o, gate_up, down a layer
+    assert after == before
 
 
 def test_the_guarded_adapter_runs_verls_update_weights_and_ends_a_failed_sync(vllm_py, tiny_smol_dir):
@@ -228,7 +234,6 @@ def vllm_run(tmp_path_factory, vllm_py):
     metrics_1, pushes_1 = _metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
     shm_before = _shm_segments()
     start = time.monotonic()
-    # 4 steps, so that step 3 is not the last (verl saves the last step before its weight sync)
     failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
                      "trainer.val_before_train=false", FAILING_LOAD, python=vllm_py, ROLLOUT="vllm", timeout=900,
                      **TESTS_ON_PATH)
@@ -236,9 +241,11 @@ def vllm_run(tmp_path_factory, vllm_py):
     latest_after_failure = latest.read_text().strip()
     shm_after = _shm_segments()
     # the resume runs steps 3 and 4 in verl's colocate_async mode (vLLM's native abort before each update)
+    # turns of up to 128 tokens: the next batch is still being generated when the step trained beside it
+    # ends, so requests are in flight at the weight update (with 32, none was: the abort had nothing to do)
     third = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
                     "trainer.val_before_train=false", "trainer.v1.trainer_mode=colocate_async",
-                    python=vllm_py, ROLLOUT="vllm")
+                    "agentic.max_new_tokens=128", python=vllm_py, ROLLOUT="vllm")
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, first=first, failed=failed, failed_s=failed_s, third=third,
                                  metrics_1=metrics_1, metrics_3=_metrics(out / "metrics.jsonl"),
@@ -276,9 +283,10 @@ def test_every_update_reaches_vllm_with_nothing_missing(vllm_run):
     assert all(p["buckets"] >= 3 for p in first)  # the tied embedding and its alias in different buckets
     assert len({p["fingerprint"] for p in first}) == 3  # each update changed what vLLM received
     assert all(p["max_abs_change"] > 0 for p in first[1:])  # ... and what vLLM holds
-    # the resumed runs start from the weights the first run pushed after its last update
+    # the resumed run starts from the weights the first run pushed after its last update (the failed
+    # run's only push failed, so the vLLM side logged none)
     resumed = [p for p in vllm_run.pushes[len(first):] if p["push"] == 0]
-    assert len(resumed) == 2
+    assert len(resumed) == 1
     assert all(p["fingerprint"] == pytest.approx(first[-1]["fingerprint"], rel=1e-12) for p in resumed)
 
 
@@ -289,8 +297,8 @@ def test_a_failed_weight_sync_fails_the_step_with_its_cause(vllm_run):
     log = vllm_run.failed.stdout + vllm_run.failed.stderr
     assert vllm_run.failed.returncode != 0
     assert "WeightSyncError" in log and "fault injected by tests/va_vllm_faults.py at bucket 1" in log
-    assert "weight sync for step 3" in log
-    assert vllm_run.failed_s < 480, vllm_run.failed_s  # start-up, one step, the failure: no hang
+    assert "weight sync for step 2" in log  # the resumed run's first push: the weights of step 2's checkpoint
+    assert vllm_run.failed_s < 360, vllm_run.failed_s  # start-up and the failure: no hang
     assert vllm_run.latest_after_failure == "2"
     assert vllm_run.new_shm == set()
 
@@ -309,6 +317,11 @@ def test_resume_after_the_failure_runs_steps_3_and_4_in_colocate_async_mode(vllm
     assert m[4]["training/off_policy/trajectory_staleness_worst/max"] >= 1  # rolled out during step 3
     log = vllm_run.third.stdout + vllm_run.third.stderr
     assert log.count("Aborted ") >= 1 and "Error aborting requests" not in log
+    # a request was in flight at the update: it was aborted, resumed, and its episode spans two versions
+    assert m[4]["training/off_policy/trajectory_spans/max"] >= 2, {k: v for k, v in m[4].items() if "off_policy" in k}
+    spanning = [e for e in _episodes(vllm_run.out / "rollouts")
+                if e["policy_versions"]["max"] > e["policy_versions"]["min"]]
+    assert spanning, "no episode spanned a weight update"
     assert vllm_run.latest == "4"
 
 
@@ -317,8 +330,8 @@ def test_vllm_run_dump_is_token_exact_with_aligned_masks(vllm_run, smol_tokenize
     from verl_agentic.rollout import check_drift
 
     files = sorted((vllm_run.out / "rollouts").glob("step_*.jsonl"))
-    episodes = [json.loads(line) for f in files for line in f.read_text().splitlines()]
-    assert len(episodes) >= 4 * 4 * 2
+    episodes = _episodes(vllm_run.out / "rollouts")
+    assert files and len(episodes) >= 4 * 4 * 2
     assert {e["agent_name"] for e in episodes} == set(VARIANTS)
     for e in episodes:
         assert len(e["response_mask"]) == len(e["response_ids"]) == len(e["response_logprobs"])

@@ -24,6 +24,8 @@ from verl_agentic.main_rollout import load_config, run
 from va_testing import REPO
 from va_vllm import VLLMServer, VLLMUnavailable
 
+pytestmark = pytest.mark.slow  # a real vLLM server (.venv-vllm): not in make test-fast
+
 FLOAT32 = ("--dtype", "float32")
 # The same multi-turn GSM8K rollout through both backends: a verify question after the first answer.
 GSM8K = ["data.max_samples=6", "rollout.n=1", "rollout.max_turns=2", "rollout.max_new_tokens=64",

@@ -15,20 +15,15 @@ from verl_agentic.verl_plugin.cpu.vllm_worker import CPUWorkerExtension, InPlace
 
 FAULT_BUCKET = 1  # 0-based: the second bucket of a sync
 MESSAGE = f"fault injected by tests/va_vllm_faults.py at bucket {FAULT_BUCKET}"
-_SYNCS = 0  # syncs begun in this worker process
 
 
 class FailingLoad(InPlaceReload):
-    """The plugin's in-place reload, except that every sync after the process's first fails while loading
-    bucket ``FAULT_BUCKET`` (the first sync, at start, succeeds: the run gets to train a step)."""
-
-    def begin(self) -> None:
-        global _SYNCS
-        _SYNCS += 1
-        super().begin()
+    """The plugin's in-place reload, except that every sync fails while loading bucket ``FAULT_BUCKET``:
+    the first, at start (a resumed run's push of its checkpoint's weights), is verl's same
+    ``update_weights`` path as the push after an update, and failing there costs the test no step."""
 
     def load(self, bucket: list) -> None:
-        if _SYNCS > 1 and self.buckets == FAULT_BUCKET:
+        if self.buckets == FAULT_BUCKET:
             raise WeightLoadError(MESSAGE)
         super().load(bucket)
 

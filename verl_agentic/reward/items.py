@@ -175,6 +175,8 @@ def item_from_trajectory(traj: dict, solution: str = "last_assistant", where: st
     text = (texts[-1] if texts else "") if solution == "last_assistant" else "\n".join(texts)
     extra = dict(traj.get("extra_info") or {})
     extra.setdefault("num_turns", traj.get("num_turns"))
+    last = [t for t in traj.get("turns") or [] if t.get("role") == "assistant"][-1:]
+    extra.setdefault("last_turn_cut", bool(last) and last[0].get("finish_reason") == "length")  # at max_new_tokens
     reward = traj.get("reward")
     return RewardItem(solution_str=text, ground_truth=traj["ground_truth"], data_source=traj.get("data_source"),
                       task_type=traj.get("task_type"), extra_info=extra, scorer=traj.get("scorer"),

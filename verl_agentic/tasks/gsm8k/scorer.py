@@ -8,6 +8,9 @@
 - a parseable but not well-formed wrong answer  -> 0.0
 - no parseable answer                           -> ``no_answer_score`` (a format penalty, default 0.0)
 
+``answer_in_cut_turn=False`` (the task's key of the same name): a last turn cut at ``max_new_tokens``
+(``extra_info["last_turn_cut"]``, set from the trajectory's turns) has no answer.
+
 Extra: ``acc`` (1/0), ``answered`` (1/0), ``pred`` (the extracted answer or null).
 
 ``gsm8k_symbolic``: the same decision, then checked symbolically with sympy
@@ -24,8 +27,8 @@ from verl_agentic.tasks.gsm8k.answer import extract_answer, normalize_number
 
 
 def _score(solution_str: str, ground_truth: Any, method: str, score: float, format_score: float,
-           no_answer_score: float, symbolic: bool) -> dict:
-    pred = extract_answer(solution_str, method)
+           no_answer_score: float, symbolic: bool, cut: bool = False) -> dict:
+    pred = None if cut else extract_answer(solution_str, method)
     truth = normalize_number(str(ground_truth))
     if truth is None:
         raise ValueError(f"ground_truth {ground_truth!r} is not a number")
@@ -56,8 +59,9 @@ def _symbolic_equal(a: str, b: str) -> bool:
 @register_scorer("gsm8k", aliases=("openai/gsm8k", "verl_agentic/word_problems", "verl_agentic/easy_arith"))
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
                 method: str = "flexible", score: float = 1.0, format_score: float = 0.0,
-                no_answer_score: float = 0.0) -> dict:
-    return _score(solution_str, ground_truth, method, score, format_score, no_answer_score, symbolic=False)
+                no_answer_score: float = 0.0, answer_in_cut_turn: bool = True) -> dict:
+    cut = not answer_in_cut_turn and bool((extra_info or {}).get("last_turn_cut"))
+    return _score(solution_str, ground_truth, method, score, format_score, no_answer_score, symbolic=False, cut=cut)
 
 
 @register_scorer("gsm8k_symbolic", preload=("sympy",))

@@ -49,6 +49,9 @@ FEEDBACK_POLICIES = ("none", "retry", "verify", "always_verify")
 class Gsm8kConfig:
     feedback: str = "verify"
     extraction: str = "flexible"
+    # a turn cut at max_new_tokens still gives the answer extraction finds in its text (flexible: the last
+    # number, often a step of unfinished working); false: it has no answer, so it is wrong
+    answer_in_cut_turn: bool = True
     retry_message: str = DEFAULT_RETRY_MESSAGE
     verify_message: str = DEFAULT_VERIFY_MESSAGE
     # task.gsm8k also takes the tool_agent keys (tools, interaction, parser, ...): when ``tools``
@@ -113,7 +116,8 @@ def _feedback(task: Gsm8kState, turn: int, correct: bool) -> Optional[str]:
 
 def gsm8k_obs(state: EpisodeState, out: GenOutput) -> Observation:
     task: Gsm8kState = state.task
-    answer = extract_answer(state.last_assistant_text, task.config.extraction)
+    cut = out.finish_reason == "length" and not task.config.answer_in_cut_turn
+    answer = None if cut else extract_answer(state.last_assistant_text, task.config.extraction)
     correct = answer is not None and answer == task.ground_truth
     task.answers.append(answer)
     task.correct.append(correct)

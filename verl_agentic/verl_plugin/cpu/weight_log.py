@@ -10,12 +10,13 @@ from the weights the interrupted one had pushed last.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Iterable
 
 import torch
+
+from verl_agentic.jsonl import append_json_line
 
 logger = logging.getLogger(__name__)
 
@@ -38,5 +39,4 @@ def log_push(record: dict[str, Any], who: str) -> None:
     logger.info("%s: weight push %s: %s", who, record.get("push"), record)
     path = os.environ.get(PUSH_LOG_ENV)
     if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_json_line(path, record)  # whole lines under the file's lock (a killed run tears none)
