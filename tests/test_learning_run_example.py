@@ -207,3 +207,64 @@ def test_the_precision_comparison_summarizes_each_arm(tmp_path):
     table = (out / "precision.md").read_text()
     assert "| bf16_tis | `rollout.hf.weight_dtype=bfloat16`" in table and "0.400 -> 0.600" in table
     assert (out / "metrics" / "fp32.jsonl").read_text() == (runs / "fp32" / "metrics.jsonl").read_text()
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"va_learning_run_{name}", EXAMPLE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _seed_run(folder: Path, seed: int, rewards: list[float], heldout: list[float], exit_status: int = 0) -> None:
+    folder.mkdir(parents=True)
+    (folder / "run_info.json").write_text(json.dumps({"seed": seed, "commit": "abc1234", "dirty": [],
+                                                      "exit_status": exit_status, "wall_s": 600, "max_rss_gb": 3.1}))
+    rows = [{"step": 0, "val/accuracy/final": heldout[0]}]
+    for i, r in enumerate(rewards, 1):
+        rows.append({"step": i, "reward/mean": r, "response_length/clip_ratio": 0.5})
+        if i in (10, 20):
+            rows[-1]["val/accuracy/final"] = heldout[i // 10]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_seeds_table_reports_every_seed_and_the_criterion(tmp_path):
+    """seeds.py summarize: a seed meets the pre-registered criterion only with both a reward gain of at
+    least 0.2 and held-out accuracy above step 0's; a crashed run is a failed seed, still in the table."""
+    seeds = _load("seeds")
+    runs = tmp_path / "runs"
+    rise = [0.1] * 5 + [0.3] * 10 + [0.5] * 5
+    _seed_run(runs / "seed0", 0, rise, [0.38, 0.40, 0.45])          # meets
+    _seed_run(runs / "seed1", 1, rise, [0.38, 0.50, 0.30])          # reward up, held-out down: fails
+    _seed_run(runs / "seed2", 2, [0.1] * 20, [0.38, 0.40, 0.45])    # flat: fails
+    _seed_run(runs / "seed3", 3, rise[:12], [0.38, 0.40], exit_status=1)  # crashed at step 12: fails
+    out = tmp_path / "out"
+    assert seeds.summarize(out, runs) == 1  # 1 of 4 meets it, the goal is 4
+    s = json.loads((out / "seeds.json").read_text())
+    assert [r["meets"] for r in s["runs"]] == [True, False, False, False]
+    assert s["met"] == 1 and s["commits"] == ["abc1234"]
+    assert s["runs"][0]["gain"] == pytest.approx(0.4) and s["runs"][3]["gain"] is None
+    table = (out / "seeds.md").read_text()
+    assert "| 3 |" in table and "(exit 1)" in table and "abc1234"[:7] in table
+    mean, low, high = seeds.interval([0.4, 0.4, 0.0])
+    assert mean == pytest.approx(0.8 / 3) and low < mean < high
+
+
+def test_results_runners_refuse_a_dirty_tree_with_one_line(tmp_path):
+    import subprocess
+
+    from verl_agentic.provenance import DirtyTree, source_state
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    env = ["-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", *env, "-C", str(tmp_path), "add", "."], check=True)
+    subprocess.run(["git", *env, "-C", str(tmp_path), "commit", "-qm", "a"], check=True)
+    clean = source_state(repo=tmp_path)
+    assert len(clean["commit"]) == 40 and clean["dirty"] == []
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "run.log").write_text("not source\n")
+    with pytest.raises(DirtyTree, match=r"^the checkout has changes \(a\.py\): commit them first, or pass --allow-dirty"):
+        source_state(repo=tmp_path)
+    assert source_state(allow_dirty=True, repo=tmp_path)["dirty"] == ["a.py"]
