@@ -16,8 +16,9 @@ in the engine's ``weight_dtype``):
 **Exact or off**: a concatenated matmul computes each output column as the separate one does, but
 whether a GEMM library keeps the summation order for another shape is not promised. So
 :meth:`FusedForward.matches` runs a prefill and a decode pass both ways on the real model and the engine
-uses this forward only when the logits agree to the bit; otherwise it keeps transformers' (a warning
-says so). The norms are the model's own modules (their arithmetic, not ``F.rms_norm``'s).
+uses this forward only when the logits agree to the bit there; otherwise it keeps transformers' (a warning
+says so). That check covers its shapes only: on others the two may differ by rounding (tests compare
+whole engine runs: the same tokens, logprobs within 1e-4). The norms are the model's own modules (their arithmetic, not ``F.rms_norm``'s).
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ class HFBackend(GenerationBackend):
         weight_dtype_setting: the config key that set ``weight_dtype``, for error messages.
         fused_forward: for Llama-family models whose linears run from copies (packed or low precision),
             run the forward without transformers' layers (:mod:`verl_agentic.backends.fused_forward`:
-            q/k/v and gate/up fused, the same logits to the bit, checked at start; off where they differ).
+            q/k/v and gate/up fused; at start its logits are compared bitwise with transformers' on one prefill
+            and one decode step, and it is off where they differ; other shapes: tokens exact, logprobs to 1e-4 in tests).
     """
 
     def __init__(
