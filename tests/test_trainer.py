@@ -274,9 +274,9 @@ def uninterrupted(tiny_smol_dir, tmp_path_factory):
     return _logged(out), {k: v.clone() for k, v in tr.model.state_dict().items()}
 
 
-def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int) -> None:
+def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int, *extra: str) -> None:
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{step:06d}"]
-    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1", "trainer.resume=true")
+    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1", "trainer.resume=true", *extra)
     assert tr.step == step
     tr.fit()
     metrics, weights = uninterrupted
@@ -286,8 +286,9 @@ def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int) -> N
 
 @pytest.mark.parametrize("when", ["rollout", "update"])
 def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, when):
-    """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2: during its rollout
-    the run stops at once with a checkpoint of step 1; during its update it finishes step 2 first."""
+    """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2, during its rollout
+    or during its update: the run stops at once with the checkpoint of step 1 (in the update: the one
+    written before it) and step 2 is redone on resume."""
     import signal
 
     from verl_agentic.main_rollout import StopSignals
@@ -307,9 +308,35 @@ def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path
     with StopSignals(on_stop=tr.request_stop) as signals, pytest.raises(KeyboardInterrupt):
         tr.fit()
     assert sent and signals.received == signal.SIGTERM
-    step = 1 if when == "rollout" else 2
-    assert [m["step"] for m in _logged(tmp_path)] == list(range(1, step + 1))
-    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, step)
+    assert [m["step"] for m in _logged(tmp_path)] == [1]
+    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, 1)
+
+
+def test_a_failure_inside_the_update_leaves_the_last_step_and_resumes_exactly(tiny_smol_dir, tmp_path, capfd):
+    """An allocation torch's allocator refuses (out of memory) in step 2's update, after its first optimizer
+    step has changed the weights (``actor.ppo_epochs=2``: two optimizer steps a step), with the default
+    ``trainer.save_freq=0``: the checkpoint of step 1, written before the update, is there, and the resumed
+    run ends where an uninterrupted one does, bit for bit."""
+    kw = ("rollout.concurrency=1", "actor.ppo_epochs=2")
+    ref = _trainer(tiny_smol_dir, tmp_path / "ref", *kw)
+    ref.fit()
+    reference = _logged(tmp_path / "ref"), {k: v.clone() for k, v in ref.model.state_dict().items()}
+
+    out = tmp_path / "run"
+    tr = _trainer(tiny_smol_dir, out, *kw)
+    stepped = []
+    tr.optimizer.register_step_post_hook(lambda *_: stepped.append(tr.step))
+
+    def allocate_too_much(*_):
+        if torch.is_grad_enabled() and stepped.count(1) == 1:  # step 2's update, after its first optimizer step
+            torch.empty(2 ** 62, dtype=torch.uint8)
+
+    tr.model.register_forward_pre_hook(allocate_too_much)
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        tr.fit()
+    assert stepped == [0, 0, 1]  # step 1's two optimizer steps, then step 2's first
+    assert f"in step 2: checkpoint of step 1 written to {out / 'checkpoints' / 'step_000001'}" in capfd.readouterr().err
+    _resume_and_compare(tiny_smol_dir, out, reference, 1, *kw[1:])
 
 
 def test_an_exception_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, capfd):

@@ -4,9 +4,10 @@ Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/st
 ``checkpoints/step_XXXXXX/`` and, at the end, ``hf_model/`` (the trained policy) and
 ``summary.json``. All keys: ``verl_agentic/config/ppo.yaml`` (which includes rollout.yaml).
 
-SIGTERM or SIGINT (a preemption, Ctrl-C) and an exception during training write a checkpoint of the
-last point a run can continue from exactly (``PPOTrainer.request_stop``; a signal during a policy
-update waits for the step to finish), then print the command that continues it (``trainer.resume=true``).
+SIGTERM or SIGINT (a preemption, Ctrl-C) and an exception during training leave a checkpoint of the
+last point a run can continue from exactly, the last step boundary (``PPOTrainer.request_stop``: a stop
+takes effect at once and drops the step in progress), then print the command that continues it
+(``trainer.resume=true``).
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ class StopSignals:
     """SIGTERM and SIGINT as ``KeyboardInterrupt`` in the main thread (as Ctrl-C is), for the CLIs.
 
     ``on_stop`` (optional) is called instead of raising: it raises ``KeyboardInterrupt`` itself when the
-    program may stop at once (the trainer defers it while it changes the weights). ``received`` is the
-    signal that came. A second signal always raises."""
+    program may stop at once, or returns to defer the stop (the trainer's raises at once). ``received`` is
+    the signal that came. A second signal always raises."""
 
     def __init__(self, on_stop: Optional[Any] = None):
         self.on_stop = on_stop

@@ -427,10 +427,11 @@ class PPOTrainer:
 
             self.ray = RayWorkers(self, dict(t.ray_init))
         # Crash safety: a checkpoint is exact only between two steps. ``_boundary`` is the position
-        # where the current step began; ``_weights_dirty`` is true from the first optimizer step of
-        # the update until the step is recorded (then the weights belong to neither step).
+        # where the current step began; ``_weights_dirty`` is true from the start of the update until
+        # the step is recorded (then the weights belong to neither step). ``_on_disk``: the step whose
+        # checkpoint is on disk (trainer.save_before_update writes the boundary before each update).
         self._weights_dirty = False
-        self._stop_requested = False
+        self._on_disk: Optional[int] = None
         if t.resume:
             self._resume()
         self._boundary = self._position()
@@ -490,26 +491,37 @@ class PPOTrainer:
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
         }
 
-    def save_checkpoint(self) -> Path:
-        return ckpt.save_checkpoint(self.out_dir / "checkpoints", self._boundary["step"], self._state(),
-                                    self.conf.trainer.max_checkpoints)
+    def save_checkpoint(self, transient: bool = False) -> Path:
+        """The checkpoint of the last step boundary; not written again when it is on disk already.
+        ``transient``: the crash-safety copy written before an update, removed once a newer one exists."""
+        step = self._boundary["step"]
+        root = self.out_dir / "checkpoints"
+        if self._on_disk == step:
+            folder = root / f"step_{step:06d}"
+            if not transient:
+                ckpt.keep(folder)
+            return folder
+        folder = ckpt.save_checkpoint(root, step, self._state(), self.conf.trainer.max_checkpoints, transient=transient)
+        self._on_disk = step
+        return folder
 
     def request_stop(self) -> None:
-        """Stop the run where a checkpoint is exact: at once (raises ``KeyboardInterrupt``), or, while
-        the weights are being updated, once this step is recorded. ``fit`` then writes the checkpoint
-        and re-raises. Meant for a signal handler (``main_ppo``'s, for SIGTERM and SIGINT)."""
-        self._stop_requested = True
-        if not self._weights_dirty:
-            raise KeyboardInterrupt("stop requested")
+        """Stop the run at once (raises ``KeyboardInterrupt``): ``fit`` then leaves the checkpoint of the
+        last step boundary (written before the update began, when the stop comes during one) and
+        re-raises; the step in progress is dropped and redone on resume. Meant for a signal handler
+        (``main_ppo``'s, for SIGTERM and SIGINT)."""
+        raise KeyboardInterrupt("stop requested")
 
     def _checkpoint_on_failure(self, error: BaseException) -> None:
-        """``fit`` was stopped (a signal) or failed (an exception): write the checkpoint that
-        ``trainer.resume`` continues from exactly, unless the weights are half-way through an update."""
+        """``fit`` was stopped (a signal) or failed (an exception): leave the checkpoint that
+        ``trainer.resume`` continues from exactly, the last step boundary. During an update the weights
+        are between two steps: the boundary is the one written before it (``trainer.save_before_update``)."""
         why = "stopped" if isinstance(error, KeyboardInterrupt) else f"failed ({type(error).__name__}: {error})"
         latest = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
-        if self._weights_dirty:
+        if self._weights_dirty and self._on_disk != self._boundary["step"]:
             print(f"[verl-agentic] training {why} during step {self.step + 1}'s update: the weights are "
-                  f"between two steps, no checkpoint written; the latest is {latest or 'none'}", file=sys.stderr)
+                  f"between two steps, no checkpoint written (trainer.save_before_update=false); the latest "
+                  f"is {latest or 'none'}", file=sys.stderr)
             return
         try:
             folder = self.save_checkpoint()
@@ -521,6 +533,7 @@ class PPOTrainer:
               f"{self._boundary['step']} written to {folder}", file=sys.stderr)
 
     def _resume(self) -> None:
+        ckpt.tidy(self.out_dir / "checkpoints")  # what an interrupted save left
         folder = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
         if folder is None:
             self._log(f"resume: no checkpoint in {self.out_dir / 'checkpoints'}, starting at step 0")
@@ -539,11 +552,12 @@ class PPOTrainer:
         else:
             self.backend._seed_rng.setstate(s["backend_rng"])
         self.step, self.epoch, self.cursor = int(s["step"]), int(s["epoch"]), int(s["cursor"])
+        self._on_disk = self.step
         self._order = self._epoch_order(self.epoch)
         if self.metrics_path.exists():  # drop lines of steps after the checkpoint (they will be redone;
             # at step 0 that includes the base model's validation)
             keep = [ln for ln in self.metrics_path.read_text().splitlines()
-                    if ln.strip() and 0 < json.loads(ln).get("step", 0) <= self.step]
+                    if ln.strip() and self.step > 0 and json.loads(ln).get("step", 0) <= self.step]
             self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
             if self.monitors is not None:  # the monitors' history: the logged summaries of the steps kept
                 for ln in keep:
@@ -711,6 +725,10 @@ class PPOTrainer:
         metrics["critic/advantages/mean"] = float(verl_F.masked_mean(batch.extra["advantages"], mask))
         metrics["critic/advantages/abs_max"] = float((batch.extra["advantages"].abs() * mask).max())
 
+        if self.conf.trainer.save_before_update:  # a crash or a stop in the update: this is the point to resume
+            t0 = time.perf_counter()
+            self.save_checkpoint(transient=True)
+            timing["timing/save_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self._weights_dirty = True  # until the step is recorded: no checkpoint can be exact meanwhile
         update = self._update(batch, measure_gap=gap_measured_on is None)
@@ -922,8 +940,6 @@ class PPOTrainer:
             while self.step < last:
                 m = self.train_step()
                 history.append(m)
-                if self._stop_requested and self.step < last:  # a stop that waited for the update
-                    raise KeyboardInterrupt("stop requested")
                 bar.update(1)
                 labels = {"reward/mean": "reward", "accuracy/mean": "acc", "actor/logprob_gap_mean": "lp_gap"}
                 bar.set_postfix({name: f"{m[k]:.3g}" for k, name in labels.items() if m.get(k) is not None},
