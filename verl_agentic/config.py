@@ -208,7 +208,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """``actor``: the policy update (verl's actor keys where they exist; ``trainer.ppo.actor_config``
+    """``actor``: the policy update (verl's actor keys where they exist; ``trainer.verl_config.actor_config``
     turns it into verl's own ``ActorConfig``, which its policy-loss functions read)."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -38,8 +38,8 @@ def train(cfg: DictConfig, signals: Optional[StopSignals] = None) -> list[dict]:
     out = Path(cfg.output.dir)
     # wall_s: this process's training, model loading included (a resumed run counts only its own part)
     summary = {"steps": trainer.step, "wall_s": round(time.monotonic() - t0, 1),
-               "data": {"rows": len(trainer.rows), "val_rows": len(trainer.val_rows),
-                        "skipped_rows": len(trainer.skipped_rows)},
+               "data": {"rows": len(trainer.data.rows), "val_rows": len(trainer.data.val_rows),
+                        "skipped_rows": len(trainer.data.skipped)},
                "config": OmegaConf.to_container(cfg, resolve=True)}
     if history:
         first, last = history[: min(5, len(history))], history[-min(5, len(history)):]
