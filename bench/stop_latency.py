@@ -7,8 +7,8 @@ step, one optimizer step of two micro-batches of 16) once per trial, 3 steps, an
 step 2: ``--delays`` seconds after the first forward pass of its policy update (``tests/va_update_watch.py``
 marks each; it does not slow them here), and ``--rollout-delays`` seconds after step 1's metrics row (in
 step 2's rollout). Prints, per trial, the seconds from the signal to the process's exit, the exit code,
-the checkpoint left, and the ``timing/save_s`` of step 1 (the crash-safety write of the boundary before
-its update) and its ``timing/step_s``.
+the checkpoint left, and step 1's ``timing/save_s`` (the crash-safety write of the boundary it began
+from: step 0's, the weights without Adam's state yet) and ``timing/step_s``.
 
 One trial at a time (each holds the learning run's memory); about a minute each on 2 cores.
 """

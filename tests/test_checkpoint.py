@@ -105,3 +105,32 @@ def test_a_save_that_fails_leaves_the_earlier_checkpoints(tmp_path):
         ckpt.save_checkpoint(tmp_path, 1, {"step": 1, "bad": Unpicklable()})
     assert sorted(os.listdir(tmp_path)) == ["step_000001"]
     assert ckpt.load_checkpoint(tmp_path / "step_000001") == {"step": 1}
+
+
+def test_a_stop_while_a_checkpoint_is_written_stays_a_stop(tmp_path, monkeypatch):
+    """A signal handler raises ``KeyboardInterrupt`` inside one of torch's writes (as SIGTERM did in
+    ``bench/stop_latency.py``); torch's zip writer then raises a RuntimeError of its own while closing. The
+    save must end as the stop it is (``main_ppo``: exit code 143 and the continue command, not a traceback),
+    with no partial folder."""
+    real_save = torch.save
+
+    class StoppedFile:
+        """The file torch writes to; a stop comes during its third write."""
+
+        def __init__(self, f) -> None:
+            self.f, self.writes = f, 0
+
+        def write(self, data) -> int:
+            self.writes += 1
+            if self.writes == 3:
+                raise KeyboardInterrupt("stop requested")
+            return self.f.write(data)
+
+        def flush(self) -> None:
+            self.f.flush()
+
+    ckpt.save_checkpoint(tmp_path, 1, {"step": 1})
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, StoppedFile(f)))
+    with pytest.raises(KeyboardInterrupt, match="stop requested"):
+        ckpt.save_checkpoint(tmp_path, 2, {"step": 2, "w": torch.zeros(100_000)})
+    assert sorted(os.listdir(tmp_path)) == ["step_000001"]

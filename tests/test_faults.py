@@ -330,10 +330,10 @@ def test_training_through_a_reward_service_outage_warns_then_checkpoints_and_res
 
 
 def test_training_whose_disk_fills_up_stops_with_one_line_and_keeps_its_files(tiny_smol_dir, tmp_path):
-    """A 48 MiB tmpfs holds the checkpoint of step 0 (the weights, 25 MB, written before step 1's update),
-    not that of step 1 (with Adam's state, 75 MB, before step 2's update): a clear error before step 2
-    trains, no partial checkpoint, the metrics and rollouts written before intact (see the rollout's disk
-    test for the namespace)."""
+    """A 48 MiB tmpfs holds the checkpoint of step 0 (the weights, 25 MB, written as step 1 begins), not
+    that of step 1 (with Adam's state, 75 MB, as step 2 begins): a clear error before step 2 runs, no
+    partial checkpoint, the metrics and rollouts written before intact (see the rollout's disk test for
+    the namespace)."""
     mnt, log = tmp_path / "mnt", tmp_path / "run.log"
     mnt.mkdir()
     args = _ppo_args(tiny_smol_dir, mnt / "run", tmp_path / "marks", "trainer.total_steps=3")
@@ -362,7 +362,7 @@ STOP_BUDGET_S = 10.0  # SIGTERM in an update to exit, tiny model (docs/training.
 def test_sigterm_in_the_update_exits_within_its_budget_without_validating_and_resumes_exactly(tiny_smol_dir, tmp_path):
     """SIGTERM while step 2's policy update runs (``va_update_watch`` holds each update forward 3 s, so the
     signal lands in one): the run neither finishes the update nor validates after it; it exits within
-    ``STOP_BUDGET_S`` with the checkpoint of step 1 (written before the update), and the command it prints
+    ``STOP_BUDGET_S`` with the checkpoint of step 1 (written as step 2 began), and the command it prints
     continues to the uninterrupted run's metrics and weights."""
     import torch
 

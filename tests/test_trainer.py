@@ -289,7 +289,7 @@ def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int, *ext
 def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, when):
     """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2, during its rollout
     or during its update: the run stops at once with the checkpoint of step 1 (in the update: the one
-    written before it) and step 2 is redone on resume."""
+    written as step 2 began) and step 2 is redone on resume."""
     import signal
 
     from verl_agentic.main_rollout import StopSignals
@@ -316,7 +316,7 @@ def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path
 def test_a_failure_inside_the_update_leaves_the_last_step_and_resumes_exactly(tiny_smol_dir, tmp_path, capfd):
     """An allocation torch's allocator refuses (out of memory) in step 2's update, after its first optimizer
     step has changed the weights (``actor.ppo_epochs=2``: two optimizer steps a step), with the default
-    ``trainer.save_freq=0``: the checkpoint of step 1, written before the update, is there, and the resumed
+    ``trainer.save_freq=0``: the checkpoint of step 1, written as step 2 began, is there, and the resumed
     run ends where an uninterrupted one does, bit for bit."""
     kw = ("rollout.concurrency=1", "actor.ppo_epochs=2")
     ref = _trainer(tiny_smol_dir, tmp_path / "ref", *kw)

@@ -87,18 +87,20 @@ class _Weights:
         return {"model": {"w": self.w}}
 
 
-def test_the_boundary_before_an_update_is_what_a_crash_in_it_leaves(tmp_path, capsys):
+def test_the_boundary_a_step_began_from_is_what_a_crash_in_its_update_leaves(tmp_path, capsys):
     from verl_agentic.trainer.safety import CrashSafety
 
     weights = _Weights()
-    safety = CrashSafety(tmp_path, weights, max_checkpoints=2, save_before_update=True)
+    safety = CrashSafety(tmp_path, weights, max_checkpoints=2, save_step_boundary=True)
     safety.step_recorded({"step": 0})
     for step in (1, 2):
-        safety.before_update()  # the boundary of step - 1, transient
+        safety.step_begins()  # the boundary of step - 1, transient
+        safety.update_begins()
         weights.w += 1  # the update
         assert [p.name for p in tmp_path.iterdir()] == [f"step_{step - 1:06d}"] and safety.dirty
         safety.step_recorded({"step": step})
-    safety.before_update()
+    safety.step_begins()
+    safety.update_begins()
     weights.w += 1  # step 3's update, then a crash in it
     safety.on_failure(RuntimeError("out of memory"))
     assert capsys.readouterr().err.strip() == (f"[verl-agentic] training failed (RuntimeError: out of memory) in step 3: "
@@ -106,28 +108,29 @@ def test_the_boundary_before_an_update_is_what_a_crash_in_it_leaves(tmp_path, ca
     state, folder = CrashSafety(tmp_path, weights, 2, True).load_latest()
     assert folder == tmp_path / "step_000002" and state["step"] == 2 and torch.equal(state["model"]["w"], torch.full((4,), 2.0))
     safety.step_recorded({"step": 3})
-    safety.save(transient=True)  # a transient one gives way to the next; the one a failure left is kept
+    safety.step_begins()  # a transient one gives way to the next; the one a failure left is kept
     safety.step_recorded({"step": 4})
-    safety.save(transient=True)
+    safety.step_begins()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002", "step_000004"]
 
 
-def test_without_the_write_before_the_update_a_crash_in_it_leaves_the_earlier_checkpoint(tmp_path, capsys):
+def test_without_the_boundary_on_disk_a_crash_in_an_update_leaves_the_earlier_checkpoint(tmp_path, capsys):
     from verl_agentic.trainer.safety import CrashSafety
 
     weights = _Weights()
-    safety = CrashSafety(tmp_path, weights, max_checkpoints=2, save_before_update=False)
+    safety = CrashSafety(tmp_path, weights, max_checkpoints=2, save_step_boundary=False)
     safety.step_recorded({"step": 0})
     safety.save()
-    safety.before_update()
-    weights.w += 1
-    safety.step_recorded({"step": 1})
-    safety.before_update()
-    weights.w += 1
+    for step in (1, 2):
+        safety.step_begins()  # writes nothing
+        safety.update_begins()
+        weights.w += 1
+        if step == 1:
+            safety.step_recorded({"step": 1})
     safety.on_failure(KeyboardInterrupt())
     assert capsys.readouterr().err.strip() == (
         f"[verl-agentic] training stopped during step 2's update: the weights are between two steps, no checkpoint "
-        f"written (trainer.save_before_update=false); the latest is {tmp_path / 'step_000000'}")
+        f"written (trainer.save_step_boundary=false); the latest is {tmp_path / 'step_000000'}")
     assert [p.name for p in tmp_path.iterdir()] == ["step_000000"]
 
 

@@ -156,7 +156,7 @@ class TrainerConfig:
     total_steps: int = 20
     batch_size: int = 4  # prompts per step
     save_freq: int = 0
-    save_before_update: bool = True  # the last step boundary on disk before each update (crash safety)
+    save_step_boundary: bool = True  # the last step boundary on disk as each step begins (crash safety)
     test_freq: int = 0
     val_before_train: bool = True
     max_checkpoints: int = 2

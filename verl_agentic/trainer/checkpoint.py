@@ -15,8 +15,8 @@ step N's while no ``step_N`` exists (the next save puts it back, and removes ``.
 leftovers). A partial ``.tmp_*`` is never read. After ``save_checkpoint`` returns, the checkpoint survives
 a power loss on file systems that honour ``fsync`` for files and folders (ext4, xfs).
 
-A *transient* checkpoint (the trainer's crash-safety copy of the last step boundary, written before each
-update) is removed once a newer checkpoint exists, and does not count in ``max_to_keep``.
+A *transient* checkpoint (the trainer's crash-safety copy of the last step boundary, written as each step
+begins) is removed once a newer checkpoint exists, and does not count in ``max_to_keep``.
 """
 
 from __future__ import annotations
@@ -115,9 +115,14 @@ def _write_state(tmp: Path, state: dict[str, Any], final: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
     except BaseException as e:
+        # torch's zip writer, closing after a failed write, raises a RuntimeError of its own: what stopped the
+        # write is in the chain. A stop (a signal handler's KeyboardInterrupt) stays a stop; a failed write
+        # is an OSError naming the checkpoint
         cause: Optional[BaseException] = e
-        while cause is not None and not isinstance(cause, OSError):
+        while cause is not None and not isinstance(cause, (OSError, KeyboardInterrupt)):
             cause = cause.__context__
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt(*cause.args) from e
         if isinstance(cause, OSError):
             raise OSError(cause.errno, f"cannot write the checkpoint {final}: {cause.strerror}") from e
         raise

@@ -16,8 +16,8 @@
     [validation]    greedy episodes (n=1) on data.val_path every trainer.test_freq steps -> val/*
     monitors        (monitoring.py) the step's batch summary -> reward-hacking / collapse monitors
     log             (metrics.py) metrics.jsonl, rollouts/step_XXXXXX.jsonl, verl's Tracking
-    checkpoint      (safety.py, checkpoint.py) the step boundary: before each update, every
-                    trainer.save_freq steps, at the end, and whenever a stop or a crash ends the run
+    checkpoint      (safety.py, checkpoint.py) the step boundary: as each step begins (crash safety),
+                    every trainer.save_freq steps, at the end, and whenever a stop or a crash ends the run
 
 The collaborators are built in one place (``__init__``) and called from the recipe; ``output.record``
 (recording.py) records each rollout for replay. The loss only sees tokens whose ``response_mask`` is 1
@@ -107,7 +107,7 @@ class PPOTrainer:
         self.ray = RayWorkers(c, self.model, self.tokenizer, self.hf_options, self.scorer_config,
                               dict(t.ray_init)) if t.use_ray else None
         self.safety = CrashSafety(self.out_dir / "checkpoints", self.actor.state_dict, t.max_checkpoints,
-                                  t.save_before_update)  # the last step boundary, on disk when it matters
+                                  t.save_step_boundary)  # the last step boundary, on disk when it matters
         self.step = 0
         if t.resume:
             self._resume()
@@ -150,6 +150,8 @@ class PPOTrainer:
         (also written to metrics.jsonl). The boundary it ends at is the next checkpoint's."""
         timing: dict[str, float] = {}
         t_step = time.perf_counter()
+        with _timed(timing, "save"):
+            self.safety.step_begins()  # the boundary on disk: a crash, kill or stop in the step leaves it
         with _timed(timing, "rollout"):
             trajs = self._rollout(self.data.next_rows(), name=f"step_{self.step + 1:06d}")
         for t in trajs:  # group id: the prompt's position in this step's batch
@@ -164,8 +166,7 @@ class PPOTrainer:
         with _timed(timing, "old_logprob"):
             recomputed, missing = self._old_logprobs(batch, episodes, metrics)
         self._advantages(batch, metrics, correct=recomputed and not missing)
-        with _timed(timing, "save"):
-            self.safety.before_update()  # the boundary on disk; the weights are neither step's until recorded
+        self.safety.update_begins()  # the weights are neither step's until the step is recorded
         with _timed(timing, "update"):
             metrics.update(self.actor.update(batch, measure_gap=not recomputed))
         self.step += 1
@@ -320,7 +321,7 @@ class PPOTrainer:
 
     def request_stop(self) -> None:
         """Stop the run at once (raises ``KeyboardInterrupt``): ``fit`` then leaves the checkpoint of the
-        last step boundary (written before the update began, when the stop comes during one) and
+        last step boundary (on disk since the step began, with ``trainer.save_step_boundary``) and
         re-raises; the step in progress is dropped and redone on resume. Meant for a signal handler
         (``main_ppo``'s, for SIGTERM and SIGINT)."""
         raise KeyboardInterrupt("stop requested")

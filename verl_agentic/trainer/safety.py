@@ -7,14 +7,15 @@ boundary's until the update begins, and belong to neither step from then until t
 (``dirty``). So::
 
     step_recorded(position)   the new boundary; the weights are its weights again
-    before_update()           trainer.save_before_update: the boundary's checkpoint written (transient:
-                              it gives way to the next one), unless it is on disk already; then dirty
-                              until the next step_recorded
-    on_failure(error)         the boundary's checkpoint: written now when the weights are its weights,
-                              else the one written before the update (else: none, said so)
+    step_begins()             trainer.save_step_boundary: the boundary's checkpoint written (transient:
+                              it gives way to the next one), unless it is on disk already
+    update_begins()           dirty until the next step_recorded
+    on_failure(error)         the boundary's checkpoint: on disk already, or written now when the weights
+                              are its weights (else: none, said so)
 
 A stop takes effect at once wherever it comes (``PPOTrainer.request_stop``): the step in progress is
-dropped and redone on resume.
+dropped and redone on resume. With the boundary on disk from the step's start, a stop writes nothing
+and a killed process (the OOM killer, SIGKILL) loses only the step it was in.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class CrashSafety:
     schedule); ``root``: ``output.dir/checkpoints``."""
 
     def __init__(self, root: Path, weights: Callable[[], dict[str, Any]], max_checkpoints: int,
-                 save_before_update: bool) -> None:
+                 save_step_boundary: bool) -> None:
         self.root, self.weights = root, weights
-        self.max_checkpoints, self.save_before_update = max_checkpoints, save_before_update
+        self.max_checkpoints, self.save_step_boundary = max_checkpoints, save_step_boundary
         self.boundary: dict[str, Any] = {}
         self.dirty = False
         self.on_disk: Optional[int] = None  # the step whose checkpoint is on disk, when known
@@ -59,12 +60,12 @@ class CrashSafety:
         self.on_disk = self.step
         return folder
 
-    def before_update(self) -> None:
-        """Called as the update begins: the boundary on disk (``trainer.save_before_update``), and the
-        weights neither step's until ``step_recorded``."""
-        if self.save_before_update:
+    def step_begins(self) -> None:
+        if self.save_step_boundary:
             self.save(transient=True)
-        self.dirty = True
+
+    def update_begins(self) -> None:
+        self.dirty = True  # until the step is recorded: no checkpoint can be exact meanwhile
 
     def on_failure(self, error: BaseException) -> None:
         """``fit`` was stopped or failed: leave the boundary's checkpoint, and say where it is."""
@@ -72,7 +73,7 @@ class CrashSafety:
         latest = ckpt.latest_checkpoint(self.root)
         if self.dirty and self.on_disk != self.step:
             print(f"[verl-agentic] training {why} during step {self.step + 1}'s update: the weights are "
-                  f"between two steps, no checkpoint written (trainer.save_before_update=false); the latest "
+                  f"between two steps, no checkpoint written (trainer.save_step_boundary=false); the latest "
                   f"is {latest or 'none'}", file=sys.stderr)
             return
         try:
