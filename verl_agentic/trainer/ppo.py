@@ -89,7 +89,6 @@ class PPOTrainer:
         # written first, so tools (the inspector) can read a run that is still going
         OmegaConf.save(OmegaConf.create(c.raw), self.out_dir / "config.yaml")
         self.data.write_skipped(self.out_dir, self._log)
-        self.log = MetricsLog(c, self.out_dir)  # metrics.jsonl, rollouts/, verl's Tracking
 
         _seed_everything(self.seed)
         self.model, self.tokenizer = _load_policy(c, model, tokenizer)
@@ -104,6 +103,7 @@ class PPOTrainer:
         self.actor = Actor(self.model, c, self.actor_cfg, self.algo.adv_estimator)  # optimizer, update
         core_algos, _, _ = verl_modules()
         self.kl_ctrl = core_algos.get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
+        self.log = MetricsLog(c, self.out_dir)  # metrics.jsonl, rollouts/, verl's Tracking
         self.ray = RayWorkers(c, self.model, self.tokenizer, self.hf_options, self.scorer_config,
                               dict(t.ray_init)) if t.use_ray else None
         self.safety = CrashSafety(self.out_dir / "checkpoints", self.actor.state_dict, t.max_checkpoints,
