@@ -1,6 +1,6 @@
 """How long ``main_ppo`` takes to exit after SIGTERM, and what each step pays for crash safety.
 
-    .venv/bin/python bench/stop_latency.py [--delays 0,1,2,3,4] [--rollout-delays 2] [--out /tmp/va-stop]
+    .venv/bin/python bench/stop_latency.py [--delays 0,1,2,3,4] [--rollout-delays 2] [--out /tmp/va-stop] [overrides ...]
 
 Runs the learning run (``examples/learning_run/run.sh``: the embedded SmolLM2-135M, 32 episodes a
 step, one optimizer step of two micro-batches of 16) once per trial, 3 steps, and sends SIGTERM into
@@ -32,7 +32,7 @@ def _count(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def trial(out: Path, where: str, delay: float) -> dict:
+def trial(out: Path, where: str, delay: float, overrides: list[str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     marks = out.parent / f"{out.name}.updates"
@@ -41,7 +41,7 @@ def trial(out: Path, where: str, delay: float) -> dict:
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     log = open(out.parent / f"{out.name}.log", "w")
     proc = subprocess.Popen(["bash", "examples/learning_run/run.sh", "0", "trainer.total_steps=3",
-                             "imports=[va_update_watch]", "output.quiet=true", f"output.dir={out}"],
+                             "imports=[va_update_watch]", "output.quiet=true", f"output.dir={out}", *overrides],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
     metrics = out / "metrics.jsonl"
     while _count(metrics) < 1:  # step 1 recorded
@@ -71,12 +71,13 @@ def main() -> None:
     ap.add_argument("--delays", default="0,1,2,3,4", help="seconds after the update's first forward")
     ap.add_argument("--rollout-delays", default="2", help="seconds after step 1's metrics row (step 2's rollout)")
     ap.add_argument("--out", default="/tmp/va-stop")
+    ap.add_argument("overrides", nargs="*", help="more hydra overrides for the run")
     args = ap.parse_args()
     plan = [("rollout", float(d)) for d in args.rollout_delays.split(",") if d] + \
            [("update", float(d)) for d in args.delays.split(",") if d]
     rows = []
     for i, (where, delay) in enumerate(plan):
-        rows.append(trial(Path(args.out) / f"trial{i}", where, delay))
+        rows.append(trial(Path(args.out) / f"trial{i}", where, delay, args.overrides))
         print(json.dumps(rows[-1]), flush=True)
     worst = max(rows, key=lambda r: r["exit_s"])
     print(f"worst: {worst['exit_s']} s from SIGTERM to exit ({worst['where']}, +{worst['delay_s']} s)")

@@ -58,15 +58,20 @@ def held(trainer) -> dict[str, float]:
     """GB of what the trainer holds: weights, Adam's state, KV cache, the engine's weight copies, the reference."""
     import torch
 
+    from verl_agentic.backends.packed_linear import weight_dtype_of
+
     b = trainer.backend
     adam = [v for s in trainer.actor.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
-    engine = [v for part in (b._packed, b._fused) if part is not None
-              for v in vars(part).values() if torch.is_tensor(v)]
-    engine += [v for part in (b._packed, b._fused) if part is not None
-               for x in vars(part).values() if isinstance(x, (list, tuple, dict))
-               for v in (x.values() if isinstance(x, dict) else x) if torch.is_tensor(v)]
+    # the engine's copies of the linear weights (lm_head included): the fused forward's always, the packed
+    # ones' unless they are nn.Linear's own (fp32 without oneDNN); oneDNN tensors report no sizes of their own
+    linears = sum(m.weight.numel() for m in b.model.modules() if isinstance(m, torch.nn.Linear))
+    copies = 0
+    if b._fused is not None:
+        copies = linears * weight_dtype_of(b._fused.weight_dtype).itemsize
+    elif b._packed is not None and any(f is not None for f in b._packed._forwards):
+        copies = b._packed.nbytes
     return {"weights": _tensor_bytes(trainer.model.parameters()) / GB, "adam": _tensor_bytes(adam) / GB,
-            "kv_cache": b._cache.nbytes / GB, "engine_weight_copies": _tensor_bytes(engine) / GB,
+            "kv_cache": b._cache.nbytes / GB, "engine_weight_copies": copies / GB,
             "ref_model": _tensor_bytes(trainer.ref_model.parameters()) / GB if trainer.ref_model is not None else 0.0}
 
 
