@@ -6,7 +6,7 @@ Both sides get the same model (the embedded SmolLM2-135M, fp32), the same padded
 GSM8K prompts with multi-turn responses (generated spans mask 1, an injected feedback span
 mask 0), the same micro-batching (gradient accumulation) and AdamW with gradient clipping:
 
-* ``ours``: ``PPOTrainer._update`` — verl's clipped-PPO loss (``get_policy_loss_fn("vanilla")``),
+* ``ours``: ``PPOTrainer.actor.update`` — verl's clipped-PPO loss (``get_policy_loss_fn("vanilla")``),
   ``agg_loss`` token-mean, entropy, metrics, all as in training.
 * ``plain``: forward, log-softmax + gather, ``-(A * logp * mask).sum() / mask.sum()``, backward,
   clip, step: the least a policy-gradient step can do.
@@ -62,7 +62,7 @@ def main() -> None:
     from verl_agentic.models.embedded import embedded_model_dir
     from verl_agentic.trainer import PPOTrainer
     from verl_agentic.trainer.batch import build_batch
-    from verl_agentic.trainer.ppo import forward_batch
+    from verl_agentic.trainer.actor import forward_batch
 
     cfg = load_config([
         "data.path=data/gsm8k/test.jsonl", "data.max_samples=8", "output.quiet=true", "output.dir=/tmp/va-bench-train",
@@ -98,7 +98,7 @@ def main() -> None:
         plain_opt.zero_grad(set_to_none=True)
 
     def ours_step() -> None:
-        trainer._update(batch, measure_gap=False)
+        trainer.actor.update(batch, measure_gap=False)
 
     ours_step(), plain_step()  # warm-up (allocations, optimizer state)
     times: dict[str, list[float]] = {"plain": [], "ours": []}

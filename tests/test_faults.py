@@ -29,10 +29,10 @@ TESTS = Path(__file__).resolve().parent
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]))
 
 
-def _start(module: str, *args: str, log: Path) -> subprocess.Popen:
+def _start(module: str, *args: str, log: Path, env: dict = ENV) -> subprocess.Popen:
     with open(log, "w") as err:
         return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.DEVNULL, stderr=err,
-                                cwd=REPO, env=ENV)
+                                cwd=REPO, env=env)
 
 
 def _run(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -251,6 +251,13 @@ def _weights(folder: Path) -> dict:
     return load_file(folder / "hf_model" / "model.safetensors")
 
 
+def _continue(command: str) -> None:
+    """Run ``command`` (the "to continue, run: ..." line a stopped run printed) to its end."""
+    done = subprocess.run([sys.executable, *shlex.split(command.removeprefix("to continue, run: "))[1:]],
+                          capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def _metrics(folder: Path) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(("timing/", "perf/"))} for m in _lines(folder / "metrics.jsonl")]
 
@@ -277,9 +284,7 @@ def test_training_stopped_with_sigterm_mid_step_resumes_to_the_same_weights_and_
     command = stderr.strip().splitlines()[-1]
     assert command.startswith("to continue, run: python -m verl_agentic.main_ppo ") and command.endswith(
         f"output.dir={out} trainer.resume=true")
-    done = subprocess.run([sys.executable, *shlex.split(command.removeprefix("to continue, run: "))[1:]],
-                          capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _continue(command)
     assert _metrics(out) == _metrics(tmp_path / "ref")
     want, got = _weights(tmp_path / "ref"), _weights(out)
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -325,12 +330,14 @@ def test_training_through_a_reward_service_outage_warns_then_checkpoints_and_res
 
 
 def test_training_whose_disk_fills_up_stops_with_one_line_and_keeps_its_files(tiny_smol_dir, tmp_path):
-    """The checkpoint (~75 MB) does not fit a 4 MiB tmpfs: a clear error, no partial checkpoint, the
-    metrics and rollouts written before intact (see the rollout's disk test for the namespace)."""
+    """A 48 MiB tmpfs holds the checkpoint of step 0 (the weights, 25 MB, written as step 1 begins), not
+    that of step 1 (with Adam's state, 75 MB, as step 2 begins): a clear error before step 2 runs, no
+    partial checkpoint, the metrics and rollouts written before intact (see the rollout's disk test for
+    the namespace)."""
     mnt, log = tmp_path / "mnt", tmp_path / "run.log"
     mnt.mkdir()
-    args = _ppo_args(tiny_smol_dir, mnt / "run", tmp_path / "marks", "trainer.total_steps=2")
-    script = 'mount -t tmpfs -o size=4m tmpfs "$1" || exit 99; shift; "$@"; rc=$?; cp -a "$0/run" "$0.kept"; exit $rc'
+    args = _ppo_args(tiny_smol_dir, mnt / "run", tmp_path / "marks", "trainer.total_steps=3")
+    script = 'mount -t tmpfs -o size=48m tmpfs "$1" || exit 99; shift; "$@"; rc=$?; cp -a "$0/run" "$0.kept"; exit $rc'
     with open(log, "w") as err:
         rc = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mnt), str(mnt), sys.executable, "-m",
                              "verl_agentic.main_ppo", *args], stderr=err, stdout=subprocess.DEVNULL, cwd=REPO,
@@ -339,10 +346,63 @@ def test_training_whose_disk_fills_up_stops_with_one_line_and_keeps_its_files(ti
     stderr = log.read_text()
     assert rc == 1, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == (f"error: [Errno 28] cannot write the checkpoint {mnt}/run/checkpoints/"
-                                               f"step_000002: No space left on device")
+                                               f"step_000001: No space left on device")
     assert "Traceback" not in stderr
     assert "training failed (OSError: [Errno 28] cannot write the checkpoint" in stderr
-    assert [m["step"] for m in _lines(kept / "metrics.jsonl")] == [1, 2]
-    assert [len(_lines(kept / "rollouts" / f"step_{s:06d}.jsonl")) for s in (1, 2)] == [6, 6]
-    assert list((kept / "checkpoints").iterdir()) == []  # no partial checkpoint for resume to pick up
+    assert [m["step"] for m in _lines(kept / "metrics.jsonl")] == [1]
+    assert [len(_lines(kept / "rollouts" / f"step_{s:06d}.jsonl")) for s in (1,)] == [6]
+    # no partial checkpoint for resume to pick up: step 0's, whole
+    assert [p.name for p in (kept / "checkpoints").iterdir()] == ["step_000000"]
     assert "task_type: gsm8k" in (kept / "config.yaml").read_text().splitlines()
+
+
+STOP_BUDGET_S = 10.0  # SIGTERM in an update to exit, tiny model (docs/training.md: SmolLM2's worst case)
+
+
+def test_sigterm_in_the_update_exits_within_its_budget_without_validating_and_resumes_exactly(tiny_smol_dir, tmp_path):
+    """SIGTERM while step 2's policy update runs (``va_update_watch`` holds each update forward 3 s, so the
+    signal lands in one): the run neither finishes the update nor validates after it; it exits within
+    ``STOP_BUDGET_S`` with the checkpoint of step 1 (written as step 2 began), and the command it prints
+    continues to the uninterrupted run's metrics and weights."""
+    import torch
+
+    val = ("data.val_path=data/gsm8k/test.jsonl", "data.val_max_samples=2", "trainer.test_freq=1",
+           "imports=[va_update_watch]")
+    ref = _run("verl_agentic.main_ppo", *_ppo_args(tiny_smol_dir, tmp_path / "ref", tmp_path / "ref.marks", *val))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    out, log, updates = tmp_path / "run", tmp_path / "run.log", tmp_path / "updates"
+    env = dict(ENV, VA_UPDATE_MARKS=str(updates), VA_UPDATE_SLEEP_S="3")
+    proc = _start("verl_agentic.main_ppo", *_ppo_args(tiny_smol_dir, out, tmp_path / "marks", *val), log=log, env=env)
+    step_1_updates, signalled = [], []
+
+    def in_step_2_update() -> bool:
+        if not step_1_updates and _count(out / "metrics.jsonl") >= 2:  # the rows of steps 0 (validation) and 1
+            step_1_updates.append(_count(updates))
+        if step_1_updates and _count(updates) > step_1_updates[0]:
+            signalled.append(time.monotonic())
+            return True
+        return False
+
+    rc = _stop_when(proc, in_step_2_update, signal.SIGTERM, log)
+    exit_s = time.monotonic() - signalled[0]
+    stderr = log.read_text()
+    assert rc == 128 + signal.SIGTERM, stderr[-3000:]
+    assert exit_s < STOP_BUDGET_S, f"{exit_s:.1f} s from SIGTERM to exit"
+    assert [m["step"] for m in _lines(out / "metrics.jsonl")] == [0, 1]
+    assert sorted(p.name for p in (out / "validation").iterdir()) == ["step_000000.jsonl", "step_000001.jsonl"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+    assert f"training stopped in step 2: checkpoint of step 1 written to {out / 'checkpoints' / 'step_000001'}" in stderr
+    _continue(stderr.strip().splitlines()[-1])
+    # the same episodes, token for token, and the same figures to float rounding: the engine's logprobs
+    # depend on what it ran before (~1e-7 apart here, where validation runs between two steps)
+    for s in (1, 2, 3):
+        a, b = (_lines(d / "rollouts" / f"step_{s:06d}.jsonl") for d in (out, tmp_path / "ref"))
+        assert [t["response_ids"] for t in a] == [t["response_ids"] for t in b]
+    got, want = _metrics(out), _metrics(tmp_path / "ref")
+    assert [m["step"] for m in got] == [0, 1, 2, 3] and [m.keys() for m in got] == [m.keys() for m in want]
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=1e-3, abs=1e-5), g["step"]
+    want, got = _weights(tmp_path / "ref"), _weights(out)
+    for k in want:
+        assert float((got[k] - want[k]).norm() / want[k].norm().clamp(min=1e-12)) < 1e-3, k

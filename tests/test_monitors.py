@@ -289,8 +289,8 @@ def test_a_failure_of_the_monitors_never_stops_training(tiny_smol_dir, tmp_path,
     def broken_observe(step, summary):  # a fault of the monitors' own code, which no real input causes
         raise RuntimeError("broken on purpose")
 
-    trainer.monitors.observe = broken_observe
+    trainer.monitors.active.observe = broken_observe
     history = trainer.fit()
-    assert len(history) == 2 and trainer.monitors is None
+    assert len(history) == 2 and trainer.monitors.active is None
     assert capsys.readouterr().err.count("the monitors failed at step 1 and are off for this run") == 1
     assert not any(k.startswith("monitor/") for m in history for k in m)

@@ -70,13 +70,13 @@ def _watch(tr, monkeypatch) -> tuple[list, list]:
         return out, metrics
 
     monkeypatch.setattr(rollout_corr_helper, "compute_rollout_correction_and_add_to_batch", helper)
-    update = tr._update
+    update = tr.actor.update
 
     def watched(batch, measure_gap):
         updates.append(copy.deepcopy(batch))
         return update(batch, measure_gap)
 
-    tr._update = watched
+    tr.actor.update = watched
     return calls, updates
 
 
@@ -104,7 +104,7 @@ def test_token_tis_weights_are_truncated_and_multiply_the_policy_loss(tiny_smol_
     batch = updates[0]
     mask = given["response_mask"]
     # pi_old is the trainer's own recomputation with the weights before the update, not the rollout's logprobs
-    own, _ = tr._no_grad_pass(batch, initial)
+    own, _ = tr.actor.no_grad_pass(batch, initial)
     torch.testing.assert_close(given["old_log_probs"], own, rtol=0, atol=1e-6)
     torch.testing.assert_close(given["rollout_log_probs"], batch.rollout_log_probs)
     gap = ((own - batch.rollout_log_probs).abs() * mask).sum() / mask.sum()
@@ -139,7 +139,7 @@ def test_token_tis_weights_are_truncated_and_multiply_the_policy_loss(tiny_smol_
             b.extra.pop("rollout_is_weights")
             if scale is not None:
                 b.extra["advantages"] = b.extra["advantages"] * scale
-            mo = other._update(b, measure_gap=False)
+            mo = other.actor.update(b, measure_gap=False)
             assert mo["actor/pg_loss"] == pytest.approx(_pg_token_mean(b.extra["advantages"], mask), rel=1e-4, abs=1e-7)
         # (compared as updates, relative to the step taken: Adam's first step is ~lr * sign(gradient), so
         # float noise in a near-zero gradient moves an element by up to 2 lr; measured ~1e-5 here, vs ~0.7)
@@ -176,7 +176,7 @@ def test_a_low_precision_rollout_is_corrected_against_the_fp32_trainer(tiny_smol
     (given, _, weights, _), = calls
     batch, mask = updates[0], given["response_mask"]
     assert all(p.dtype == torch.float32 for p in tr.model.parameters())
-    own, _ = tr._no_grad_pass(batch, initial)  # the fp32 trainer's logprobs
+    own, _ = tr.actor.no_grad_pass(batch, initial)  # the fp32 trainer's logprobs
     torch.testing.assert_close(given["old_log_probs"], own, rtol=0, atol=1e-6)
     assert m["actor/logprob_gap_mean"] > 0.01, "the low-precision rollout should differ from the fp32 trainer"
     raw = torch.exp(own - batch.rollout_log_probs) * mask
@@ -201,7 +201,7 @@ def test_rejection_drops_exactly_what_verls_helper_says(tiny_smol_dir, tmp_path,
     batch = updates[0]
     mask = given["response_mask"]
     assert weights is None and "rollout_is_weights" not in batch.extra  # rejection only
-    own, _ = tr._no_grad_pass(batch, initial)
+    own, _ = tr.actor.no_grad_pass(batch, initial)
     expect, _ = compute_rollout_rejection_mask(own - batch.rollout_log_probs, mask, rollout_rs=option,
                                                rollout_rs_threshold=threshold)
     assert torch.equal(mask_out, expect) and torch.equal(batch.response_mask, expect)
@@ -317,7 +317,7 @@ def test_a_bad_setting_is_one_error_naming_the_valid_values(override, message):
     (("actor.recompute_old_logprobs=true",), r"bypass_mode=true takes the rollout's logprobs as the old logprobs"),
 ])
 def test_bypass_mode_refuses_settings_it_would_ignore(tmp_path, extra, message):
-    from verl_agentic.trainer.ppo import actor_config
+    from verl_agentic.trainer.verl_config import actor_config
 
     with pytest.raises(ConfigError, match=message):
         actor_config(_cfg("unused", tmp_path, f"{RC}bypass_mode=true", *extra))
@@ -329,7 +329,7 @@ def test_the_defaults_are_verls():
     from omegaconf import OmegaConf
 
     from verl_agentic.config import RunConfig
-    from verl_agentic.trainer.ppo import algo_config
+    from verl_agentic.trainer.verl_config import algo_config
 
     verl_yaml = OmegaConf.to_container(OmegaConf.load(
         Path(verl_config.__file__).parent / "algorithm" / "rollout_correction.yaml"))

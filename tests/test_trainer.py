@@ -41,14 +41,14 @@ def _step_batch(trainer):
     """A real step's batch (rollout + rewards + advantages), without the update."""
     from verl_agentic.trainer.batch import build_batch
 
-    trajs = trainer._rollout(trainer._next_rows())
+    trajs = trainer._rollout(trainer.data.next_rows())
     rewards = trainer._rewards(trajs)
     return trajs, build_batch(trajs, rewards, trainer.pad_id, uids=[str(t["index"]) for t in trajs])
 
 
 def test_masked_tokens_get_zero_gradient(tiny_smol_dir, tmp_path):
     """Injected (feedback) tokens and padding: exactly zero gradient on their logits; generated: not."""
-    from verl_agentic.trainer.ppo import forward_batch
+    from verl_agentic.trainer.actor import forward_batch
 
     tr = _trainer(tiny_smol_dir, tmp_path, "actor.entropy_coeff=0.01", "actor.use_kl_loss=true")
     try:
@@ -63,8 +63,8 @@ def test_masked_tokens_get_zero_gradient(tiny_smol_dir, tmp_path):
         handle = tr.model.lm_head.register_forward_hook(keep_logits)
         from verl.trainer.ppo import core_algos
 
-        out = forward_batch(tr.model, batch, tr.temperature, entropy="grad")
-        ref, _ = tr._no_grad_pass(batch, tr.ref_model)
+        out = forward_batch(tr.model, batch, tr.actor.temperature, entropy="grad")
+        ref, _ = tr.actor.no_grad_pass(batch, tr.ref_model)
         m = batch.response_mask
         adv = torch.randn_like(m)  # every token gets a non-zero advantage: only the mask can zero it
         tr.actor_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=float(m.sum()),
@@ -138,7 +138,8 @@ def test_losses_listed_as_zero_at_zero_advantage_are(tiny_smol_dir, tmp_path):
     there: each listed verl loss is checked, and kl_cov (not listed) is shown not to."""
     from verl.trainer.ppo import core_algos
 
-    from verl_agentic.trainer.ppo import ZERO_AT_ZERO_ADVANTAGE, actor_config
+    from verl_agentic.trainer.actor import ZERO_AT_ZERO_ADVANTAGE
+    from verl_agentic.trainer.verl_config import actor_config
 
     base = _cfg(tiny_smol_dir, tmp_path)
     gen = torch.Generator().manual_seed(0)
@@ -183,8 +184,8 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_smol_dir, tmp_p
         for a, b in zip(skip.model.parameters(), full.model.parameters()):
             assert torch.equal(a, b)
         for _ in range(2):
-            m_skip = skip._update(batch, measure_gap=False)
-            m_full = full._update(batch, measure_gap=False)
+            m_skip = skip.actor.update(batch, measure_gap=False)
+            m_full = full.actor.update(batch, measure_gap=False)
         assert m_skip["actor/updated_rows"] == pytest.approx(2 / 6) and m_full["actor/updated_rows"] == 1.0
         assert m_skip["actor/pg_loss"] == pytest.approx(m_full["actor/pg_loss"], rel=1e-5, abs=1e-7)
         assert m_skip["actor/grad_norm"] == pytest.approx(m_full["actor/grad_norm"], rel=1e-4)
@@ -214,9 +215,9 @@ def test_cosine_lr_decays_to_its_floor_at_the_last_step(tiny_smol_dir, tmp_path)
     try:
         lrs = []  # the lr each of the 6 optimizer steps uses
         for _ in range(6):
-            lrs.append(tr.optimizer.param_groups[0]["lr"])
-            tr.optimizer.step()
-            tr.scheduler.step()
+            lrs.append(tr.actor.optimizer.param_groups[0]["lr"])
+            tr.actor.optimizer.step()
+            tr.actor.scheduler.step()
         assert lrs[0] == pytest.approx(0.5e-3) and lrs[1] == pytest.approx(1e-3)  # warm-up: (s + 1) / 2
         assert all(a > b for a, b in zip(lrs[1:], lrs[2:])) and lrs[-1] == pytest.approx(1e-4)
     finally:
@@ -274,9 +275,9 @@ def uninterrupted(tiny_smol_dir, tmp_path_factory):
     return _logged(out), {k: v.clone() for k, v in tr.model.state_dict().items()}
 
 
-def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int) -> None:
+def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int, *extra: str) -> None:
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{step:06d}"]
-    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1", "trainer.resume=true")
+    tr = _trainer(tiny_smol_dir, out, "rollout.concurrency=1", "trainer.resume=true", *extra)
     assert tr.step == step
     tr.fit()
     metrics, weights = uninterrupted
@@ -286,8 +287,9 @@ def _resume_and_compare(tiny_smol_dir, out: Path, uninterrupted, step: int) -> N
 
 @pytest.mark.parametrize("when", ["rollout", "update"])
 def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, when):
-    """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2: during its rollout
-    the run stops at once with a checkpoint of step 1; during its update it finishes step 2 first."""
+    """SIGTERM through main_ppo's handler (``StopSignals`` -> ``request_stop``) in step 2, during its rollout
+    or during its update: the run stops at once with the checkpoint of step 1 (in the update: the one
+    written as step 2 began) and step 2 is redone on resume."""
     import signal
 
     from verl_agentic.main_rollout import StopSignals
@@ -303,13 +305,39 @@ def test_a_stop_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path
     if when == "rollout":  # the embedding: every forward calls it, the engine's fused one included
         tr.model.get_input_embeddings().register_forward_pre_hook(stop)
     else:
-        tr.optimizer.register_step_pre_hook(stop)
+        tr.actor.optimizer.register_step_pre_hook(stop)
     with StopSignals(on_stop=tr.request_stop) as signals, pytest.raises(KeyboardInterrupt):
         tr.fit()
     assert sent and signals.received == signal.SIGTERM
-    step = 1 if when == "rollout" else 2
-    assert [m["step"] for m in _logged(tmp_path)] == list(range(1, step + 1))
-    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, step)
+    assert [m["step"] for m in _logged(tmp_path)] == [1]
+    _resume_and_compare(tiny_smol_dir, tmp_path, uninterrupted, 1)
+
+
+def test_a_failure_inside_the_update_leaves_the_last_step_and_resumes_exactly(tiny_smol_dir, tmp_path, capfd):
+    """An allocation torch's allocator refuses (out of memory) in step 2's update, after its first optimizer
+    step has changed the weights (``actor.ppo_epochs=2``: two optimizer steps a step), with the default
+    ``trainer.save_freq=0``: the checkpoint of step 1, written as step 2 began, is there, and the resumed
+    run ends where an uninterrupted one does, bit for bit."""
+    kw = ("rollout.concurrency=1", "actor.ppo_epochs=2")
+    ref = _trainer(tiny_smol_dir, tmp_path / "ref", *kw)
+    ref.fit()
+    reference = _logged(tmp_path / "ref"), {k: v.clone() for k, v in ref.model.state_dict().items()}
+
+    out = tmp_path / "run"
+    tr = _trainer(tiny_smol_dir, out, *kw)
+    stepped = []
+    tr.actor.optimizer.register_step_post_hook(lambda *_: stepped.append(tr.step))
+
+    def allocate_too_much(*_):
+        if torch.is_grad_enabled() and stepped.count(1) == 1:  # step 2's update, after its first optimizer step
+            torch.empty(2 ** 62, dtype=torch.uint8)
+
+    tr.model.register_forward_pre_hook(allocate_too_much)
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        tr.fit()
+    assert stepped == [0, 0, 1]  # step 1's two optimizer steps, then step 2's first
+    assert f"in step 2: checkpoint of step 1 written to {out / 'checkpoints' / 'step_000001'}" in capfd.readouterr().err
+    _resume_and_compare(tiny_smol_dir, out, reference, 1, *kw[1:])
 
 
 def test_an_exception_mid_step_checkpoints_and_resumes_exactly(tiny_smol_dir, tmp_path, uninterrupted, capfd):
@@ -384,7 +412,7 @@ def test_ray_workers_generate_what_the_local_rollout_does(tiny_smol_dir, tmp_pat
 def test_validation_before_training_and_every_k_steps(tiny_smol_dir, tmp_path):
     """Greedy held-out episodes: a step-0 row for the base model, then after steps 2 and 3 (test_freq=2,
     and the last step); the val/* figures are the rates of the episodes written to validation/."""
-    from verl_agentic.trainer.ppo import validation_metrics
+    from verl_agentic.trainer.metrics import validation_metrics
 
     tr = _trainer(tiny_smol_dir, tmp_path, "data.val_path=data/gsm8k/test.jsonl", "data.val_max_samples=4",
                   "trainer.test_freq=2")
@@ -429,7 +457,7 @@ def test_a_negative_test_freq_is_a_clear_error(tiny_smol_dir, tmp_path):
 
 
 def test_validation_metrics_are_rates_per_task():
-    from verl_agentic.trainer.ppo import validation_metrics
+    from verl_agentic.trainer.metrics import validation_metrics
 
     def ep(task, first, final, w2r, r2w, answered):
         return {"task_type": task, "metrics": {"first_correct": first, "final_correct": final, "flips_wrong_to_right": w2r,

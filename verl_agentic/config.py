@@ -156,6 +156,7 @@ class TrainerConfig:
     total_steps: int = 20
     batch_size: int = 4  # prompts per step
     save_freq: int = 0
+    save_step_boundary: bool = True  # the last step boundary on disk as each step begins (crash safety)
     test_freq: int = 0
     val_before_train: bool = True
     max_checkpoints: int = 2
@@ -207,7 +208,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """``actor``: the policy update (verl's actor keys where they exist; ``trainer.ppo.actor_config``
+    """``actor``: the policy update (verl's actor keys where they exist; ``trainer.verl_config.actor_config``
     turns it into verl's own ``ActorConfig``, which its policy-loss functions read)."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -4,9 +4,10 @@ Writes into ``output.dir``: ``metrics.jsonl`` (one line per step), ``rollouts/st
 ``checkpoints/step_XXXXXX/`` and, at the end, ``hf_model/`` (the trained policy) and
 ``summary.json``. All keys: ``verl_agentic/config/ppo.yaml`` (which includes rollout.yaml).
 
-SIGTERM or SIGINT (a preemption, Ctrl-C) and an exception during training write a checkpoint of the
-last point a run can continue from exactly (``PPOTrainer.request_stop``; a signal during a policy
-update waits for the step to finish), then print the command that continues it (``trainer.resume=true``).
+SIGTERM or SIGINT (a preemption, Ctrl-C) and an exception during training leave a checkpoint of the
+last point a run can continue from exactly, the last step boundary (``PPOTrainer.request_stop``: a stop
+takes effect at once and drops the step in progress), then print the command that continues it
+(``trainer.resume=true``).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def train(cfg: DictConfig, signals: Optional[StopSignals] = None) -> list[dict]:
     out = Path(cfg.output.dir)
     # wall_s: this process's training, model loading included (a resumed run counts only its own part)
     summary = {"steps": trainer.step, "wall_s": round(time.monotonic() - t0, 1),
-               "data": {"rows": len(trainer.rows), "val_rows": len(trainer.val_rows),
-                        "skipped_rows": len(trainer.skipped_rows)},
+               "data": {"rows": len(trainer.data.rows), "val_rows": len(trainer.data.val_rows),
+                        "skipped_rows": len(trainer.data.skipped)},
                "config": OmegaConf.to_container(cfg, resolve=True)}
     if history:
         first, last = history[: min(5, len(history))], history[-min(5, len(history)):]

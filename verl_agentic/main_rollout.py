@@ -12,6 +12,7 @@ the command that continues it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -78,33 +79,85 @@ def run_identity(c: RunConfig, rows: list[dict]) -> dict:
     return raw
 
 
-def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
+def run(cfg: DictConfig | RunConfig, backend: Any = None) -> tuple[list[dict], dict]:
     """Roll out ``cfg.data`` and write the outputs; returns (trajectories, summary). Continues the run
     already in ``output.dir`` when there is one (finished episodes and scores are not redone)."""
-
-    c = RunConfig.parse(cfg)  # every section checked before anything loads
-    quiet = c.output.quiet
+    c = RunConfig.parse(cfg)  # every section checked once, before anything loads; the steps below take c
+    log = _logger(c.output.quiet)
     get_task(c.task_type)  # an unknown task_type fails before anything loads
-    data_path = resolve_data_path(c.data.path)
-    skipped: list[BadRow] = []
-    rows = load_rows(data_path, c.task_type, c.data.max_samples, on_bad_row=c.data.on_bad_row, skipped=skipped)
-    resolved = resolve_tasks(rows, c.task_type, c.task)  # before the model loads
+    data = _RunRows(c)  # rows (bad rows skipped or an error), their tasks resolved: before the model loads
     scorer = reward_manager(c)  # config errors (unknown manager, missing url) before the model loads
     if scorer is not None and scorer.local_scorers:
-        check_task_scorers(resolved)
-    out_dir = Path(c.output.dir)
-    n = c.rollout.n
-    journal = RolloutJournal(out_dir, run_identity(c, rows))  # another run's outputs: refused before the model loads
-    log = (lambda msg: None) if quiet else (lambda msg: print(f"[verl-agentic] {msg}", file=sys.stderr))
-    if skipped:
-        write_skipped_rows(out_dir / "skipped_rows.jsonl", skipped)
-        log(f"skipped {len(skipped)} bad rows of {data_path} (data.on_bad_row=skip): "
-            f"{out_dir / 'skipped_rows.jsonl'} lists them with their reasons")
-    if journal.torn_bytes:
-        log(f"dropped a torn last line ({journal.torn_bytes} bytes) left by an interrupted write")
-    pending = journal.pending(len(rows), n)
-    if journal.resumed:
-        log(f"continuing {out_dir}: {journal.resumed} of {len(rows) * n} episodes already finished")
+        check_task_scorers(data.tasks)
+    out_dir, n = Path(c.output.dir), c.rollout.n
+    journal = RolloutJournal(out_dir, run_identity(c, data.rows))  # another run's outputs: refused before the model loads
+    data.report(out_dir, journal, n, log)
+    pending = journal.pending(len(data.rows), n)
+    record = _recording(c, out_dir, journal, log)
+    own_backend, recorder, wall_s = backend is None, None, 0.0
+    try:
+        if own_backend:
+            backend = _load_backend(c, log)
+        recorder = _recorder(c, out_dir, backend, journal) if record else None
+        if pending:
+            rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
+                                   seed=c.seed, progress=not c.output.quiet, recorder=recorder)
+            rollout.run_sync(data.rows, pending, on_episode=journal.append)
+            wall_s = rollout.last_wall_s
+        trajectories = journal.trajectories(len(data.rows), n)
+        reward_summary = None
+        if scorer is not None:
+            trajectories, reward_summary = _score(scorer, journal, trajectories, len(data.rows), n, log)
+    except KeyboardInterrupt:
+        log(f"stopped: {len(journal.episodes)} of {len(data.rows) * n} episodes and {len(journal.scores)} scores "
+            f"are in {out_dir}")
+        raise
+    finally:
+        _close(journal, recorder, scorer, backend if own_backend else None)
+    summary = _summary(c, data, trajectories, journal, pending, wall_s, backend, reward_summary)
+    journal.finish(trajectories)
+    tmp = out_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, out_dir / "summary.json")
+    if not c.output.quiet:
+        _print_summary(summary, len(trajectories), out_dir)
+    return trajectories, summary
+
+
+# ----------------------------------------------------------------------------------------------
+# the steps of a run
+
+
+def _logger(quiet: bool) -> Any:
+    return (lambda msg: None) if quiet else (lambda msg: print(f"[verl-agentic] {msg}", file=sys.stderr))
+
+
+class _RunRows:
+    """``data.path``'s rows (``data.on_bad_row``: a bad row is an error, or skipped and listed) and the
+    (task_type, TaskSpec) of each."""
+
+    def __init__(self, c: RunConfig) -> None:
+        self.path = resolve_data_path(c.data.path)
+        self.skipped: list[BadRow] = []
+        self.rows = load_rows(self.path, c.task_type, c.data.max_samples, on_bad_row=c.data.on_bad_row,
+                              skipped=self.skipped)
+        self.tasks = resolve_tasks(self.rows, c.task_type, c.task)  # before the model loads
+
+    def report(self, out_dir: Path, journal: RolloutJournal, n: int, log: Any) -> None:
+        """The rows skipped (``skipped_rows.jsonl``), a torn line dropped, and how far a resumed run got."""
+        if self.skipped:
+            write_skipped_rows(out_dir / "skipped_rows.jsonl", self.skipped)
+            log(f"skipped {len(self.skipped)} bad rows of {self.path} (data.on_bad_row=skip): "
+                f"{out_dir / 'skipped_rows.jsonl'} lists them with their reasons")
+        if journal.torn_bytes:
+            log(f"dropped a torn last line ({journal.torn_bytes} bytes) left by an interrupted write")
+        if journal.resumed:
+            log(f"continuing {out_dir}: {journal.resumed} of {len(self.rows) * n} episodes already finished")
+
+
+def _recording(c: RunConfig, out_dir: Path, journal: RolloutJournal, log: Any) -> bool:
+    """Whether this run records (``output.record``, or a recorded run resumed); a recording cannot start
+    in the middle of a run."""
     record = c.output.record or has_recording(out_dir)  # a recorded run that is resumed keeps recording
     if record and not has_recording(out_dir) and journal.resumed:
         journal.close()
@@ -112,62 +165,66 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
                            f"recording: record into a new output.dir")
     if record and not c.output.record:
         log(f"{out_dir} holds a recording: the episodes run now are recorded too")
-    own_backend = backend is None
-    rollout = None
-    recorder = None
-    try:
-        if own_backend:
-            t0 = time.perf_counter()
-            backend = make_backend(c)
-            log(f"model loaded in {time.perf_counter() - t0:.1f} s")
-        if record:
-            recorder = RecordingWriter(out_dir, recording_header(c.raw, backend, c.rollout, c.task, c.task_type, c.seed))
-            unrecorded = set(journal.episodes) - recorder.recorded
-            if unrecorded:
-                print(f"[verl-agentic] warning: {len(unrecorded)} finished episodes of {out_dir} have no recording "
-                      f"(e.g. {min(unrecorded)}); a replay skips them", file=sys.stderr)
-        rollout = AsyncRollout(backend, c.rollout, task_configs=c.task, default_task_type=c.task_type,
-                               seed=c.seed, progress=not quiet, recorder=recorder)
-        if pending:
-            rollout.run_sync(rows, pending, on_episode=journal.append)
-        trajectories = journal.trajectories(len(rows), n)
-        reward_summary = None
-        if scorer is not None:
-            t0 = time.perf_counter()
-            todo = journal.unscored(trajectories)
-            # scored a round at a time, each round's scores written down before the next
-            chunk = max(1, scorer.config.batch_size * scorer.config.concurrency)
-            for i in range(0, len(todo), chunk):
-                score_trajectories(todo[i:i + chunk], scorer)
-                journal.record_scores(todo[i:i + chunk])
-            trajectories = journal.trajectories(len(rows), n)
-            reward_summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0,
-                              "scored_now": len(todo), **scorer.stats()}
-            by_reward = sorted({t["task_type"] for t in trajectories
-                                if (t.get("score_extra") or {}).get("scored_by") == EPISODE_REWARD})
-            if by_reward:  # every run says it, a resumed one too (the counters above are this run's)
-                reward_summary["scored_by_episode_reward_tasks"] = by_reward
-                log(f"no scorer is registered for task(s) {', '.join(by_reward)}: their episodes are scored by "
-                    f"their own episode reward (register_scorer(NAME) or a task's scorer attribute changes that)")
-            unreached = len(journal.unscored(trajectories))
-            if unreached:
-                print(f"[verl-agentic] warning: {unreached} episodes could not be scored (the reward service was "
-                      f"unavailable); run the same command again to score them", file=sys.stderr)
-    except KeyboardInterrupt:
-        log(f"stopped: {len(journal.episodes)} of {len(rows) * n} episodes and {len(journal.scores)} scores "
-            f"are in {out_dir}")
-        raise
-    finally:
-        journal.close()
-        if recorder is not None:
-            recorder.close()
-        if scorer is not None:
-            scorer.close()
-        if own_backend and backend is not None:
-            import asyncio
+    return record
 
-            asyncio.run(backend.close())
-    wall_s = rollout.last_wall_s if pending else 0.0
+
+def _load_backend(c: RunConfig, log: Any) -> Any:
+    t0 = time.perf_counter()
+    backend = make_backend(c)
+    log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    return backend
+
+
+def _recorder(c: RunConfig, out_dir: Path, backend: Any, journal: RolloutJournal) -> RecordingWriter:
+    recorder = RecordingWriter(out_dir, recording_header(c.raw, backend, c.rollout, c.task, c.task_type, c.seed))
+    unrecorded = set(journal.episodes) - recorder.recorded
+    if unrecorded:
+        print(f"[verl-agentic] warning: {len(unrecorded)} finished episodes of {out_dir} have no recording "
+              f"(e.g. {min(unrecorded)}); a replay skips them", file=sys.stderr)
+    return recorder
+
+
+def _score(scorer: Any, journal: RolloutJournal, trajectories: list[dict], rows: int, n: int,
+           log: Any) -> tuple[list[dict], dict]:
+    """Score what of ``trajectories`` is not scored yet, a round at a time, each round's scores written down
+    before the next; returns the trajectories with their scores and the reward summary."""
+    t0 = time.perf_counter()
+    todo = journal.unscored(trajectories)
+    chunk = max(1, scorer.config.batch_size * scorer.config.concurrency)
+    for i in range(0, len(todo), chunk):
+        score_trajectories(todo[i:i + chunk], scorer)
+        journal.record_scores(todo[i:i + chunk])
+    trajectories = journal.trajectories(rows, n)
+    summary = {"manager": scorer.config.manager, "wall_s": time.perf_counter() - t0, "scored_now": len(todo),
+               **scorer.stats()}
+    by_reward = sorted({t["task_type"] for t in trajectories
+                        if (t.get("score_extra") or {}).get("scored_by") == EPISODE_REWARD})
+    if by_reward:  # every run says it, a resumed one too (the counters above are this run's)
+        summary["scored_by_episode_reward_tasks"] = by_reward
+        log(f"no scorer is registered for task(s) {', '.join(by_reward)}: their episodes are scored by "
+            f"their own episode reward (register_scorer(NAME) or a task's scorer attribute changes that)")
+    unreached = len(journal.unscored(trajectories))
+    if unreached:
+        print(f"[verl-agentic] warning: {unreached} episodes could not be scored (the reward service was "
+              f"unavailable); run the same command again to score them", file=sys.stderr)
+    return trajectories, summary
+
+
+def _close(journal: RolloutJournal, recorder: Any, scorer: Any, backend: Any) -> None:
+    """What the run opened: the journal, the recording, the reward manager, a backend it loaded itself."""
+    journal.close()
+    if recorder is not None:
+        recorder.close()
+    if scorer is not None:
+        scorer.close()
+    if backend is not None:
+        asyncio.run(backend.close())
+
+
+def _summary(c: RunConfig, data: _RunRows, trajectories: list[dict], journal: RolloutJournal, pending: list,
+             wall_s: float, backend: Any, reward_summary: Optional[dict]) -> dict:
+    """``summary.json``: per-task metrics, this run's speed, the data, the backend's counters, the reward
+    summary, the config (and with ``output.check_drift`` the token-exactness check)."""
     ran = set(pending)
     new = [t for t in trajectories if (t["index"], t["sample_id"]) in ran]
     summary: dict = {"tasks": summarize(trajectories, None if journal.resumed else wall_s),
@@ -175,26 +232,24 @@ def run(cfg: DictConfig, backend: Any = None) -> tuple[list[dict], dict]:
                              "rollout_wall_s": wall_s,
                              "generated_tokens_per_s": sum(t["metrics"].get("generated_tokens", 0) for t in new)
                              / wall_s if wall_s else None},
-                     "data": {"path": str(data_path), "rows": len(rows), "skipped_rows": len(skipped)},
+                     "data": {"path": str(data.path), "rows": len(data.rows), "skipped_rows": len(data.skipped)},
                      "backend": backend.stats(), "stop_token_ids": list(backend.stop_token_ids or []),
                      "reward": reward_summary, "config": c.raw}
     if c.output.check_drift:
         summary["drift"] = drift_summary(trajectories, backend.tokenizer, c.rollout.chat_template_kwargs,
                                          backend.stop_token_ids)
-    journal.finish(trajectories)
-    tmp = out_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, out_dir / "summary.json")
-    if not quiet:
-        print(format_table(summary["tasks"]))
-        if "drift" in summary:
-            d = summary["drift"]
-            print(f"token exactness: {d['episodes_ok']}/{d['episodes']} episodes ok, "
-                  f"{d['injected_differing_tokens']} differing injected tokens of {d['injected_tokens']}; "
-                  f"re-encoding would have changed {d['reencode_changed_tokens']} of {d['generated_tokens']} "
-                  f"generated tokens")
-        print(f"wrote {len(trajectories)} trajectories to {out_dir / 'trajectories.jsonl'}")
-    return trajectories, summary
+    return summary
+
+
+def _print_summary(summary: dict, episodes: int, out_dir: Path) -> None:
+    print(format_table(summary["tasks"]))
+    if "drift" in summary:
+        d = summary["drift"]
+        print(f"token exactness: {d['episodes_ok']}/{d['episodes']} episodes ok, "
+              f"{d['injected_differing_tokens']} differing injected tokens of {d['injected_tokens']}; "
+              f"re-encoding would have changed {d['reencode_changed_tokens']} of {d['generated_tokens']} "
+              f"generated tokens")
+    print(f"wrote {episodes} trajectories to {out_dir / 'trajectories.jsonl'}")
 
 
 def continue_command(module: str, argv: list[str], out_dir: str, *extra: str) -> str:
@@ -209,8 +264,8 @@ class StopSignals:
     """SIGTERM and SIGINT as ``KeyboardInterrupt`` in the main thread (as Ctrl-C is), for the CLIs.
 
     ``on_stop`` (optional) is called instead of raising: it raises ``KeyboardInterrupt`` itself when the
-    program may stop at once (the trainer defers it while it changes the weights). ``received`` is the
-    signal that came. A second signal always raises."""
+    program may stop at once, or returns to defer the stop (the trainer's raises at once). ``received`` is
+    the signal that came. A second signal always raises."""
 
     def __init__(self, on_stop: Optional[Any] = None):
         self.on_stop = on_stop

@@ -6,7 +6,7 @@ Runs ``python -m verl_agentic.main_rollout`` on ``heldout.jsonl`` with the setti
 use (gsm8k task, ``retry`` feedback, 2 assistant turns of at most 24 tokens), once greedy (one episode a
 problem) and once at temperature 1 (``--samples`` episodes a problem, seed 0). Writes
 ``base_episodes.jsonl`` (one line per episode: mode, problem index, ops, first/final correct, flips,
-answered) and ``base_accuracy.json`` (the rates of :func:`verl_agentic.trainer.ppo.validation_metrics`,
+answered) and ``base_accuracy.json`` (the rates of :func:`verl_agentic.trainer.metrics.validation_metrics`,
 overall and per number of operations), and prints the table. ``tests/test_word_problems.py``
 recomputes the json from the episodes.
 """
@@ -31,7 +31,7 @@ KEYS = ("first_correct", "final_correct", "flips_wrong_to_right", "flips_right_t
 
 def table(episodes: list[dict]) -> dict:
     """{mode: {"all" | "ops=1" | ...: validation metrics}} from the per-episode lines."""
-    from verl_agentic.trainer.ppo import validation_metrics
+    from verl_agentic.trainer.metrics import validation_metrics
 
     out: dict = {}
     for mode in sorted({e["mode"] for e in episodes}):

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from verl_agentic.backends.hf import HFBackend
+from verl_agentic.config import RunConfig
 from verl_agentic.registry import import_modules
 from verl_agentic.reward import RewardConfig, make_reward_manager, score_trajectories
-from verl_agentic.record import RecordingWriter
 from verl_agentic.rollout import AsyncRollout
+from verl_agentic.trainer.recording import recording_writer
 
 
 class RolloutWorker:
@@ -57,14 +58,10 @@ class RolloutWorker:
 
     def rollout(self, rows: list[dict], seed: int, rollout_cfg: Any = None, record: Any = None) -> list[dict]:
         """``record``: ``(folder, header)`` of ``output.record`` (the trainer's; this process writes it)."""
-        recorder = RecordingWriter(*record) if record is not None else None
-        r = AsyncRollout(self.backend, rollout_cfg or self.rollout_cfg, task_configs=self.task_configs,
-                         default_task_type=self.default_task_type, seed=seed, progress=False, recorder=recorder)
-        try:
-            return r.run_sync(rows)
-        finally:
-            if recorder is not None:
-                recorder.close()
+        with recording_writer(record) as recorder:
+            return AsyncRollout(self.backend, rollout_cfg or self.rollout_cfg, task_configs=self.task_configs,
+                                default_task_type=self.default_task_type, seed=seed, progress=False,
+                                recorder=recorder).run_sync(rows)
 
     def close(self) -> None:
         asyncio.run(self.backend.close())
@@ -86,21 +83,22 @@ class RewardWorker:
 
 
 class RayWorkers:
-    """The trainer's handle on the two actors."""
+    """The trainer's handle on the two actors: the rollout's (a copy of ``model``, with ``hf_options``)
+    and, when there is a reward manager (``scorer_config``), the reward's."""
 
-    def __init__(self, trainer: Any, ray_init: dict) -> None:
-        import ray
+    def __init__(self, c: RunConfig, model: Any, tokenizer: Any, hf_options: dict, scorer_config: Optional[dict],
+                 ray_init: dict) -> None:
+        import ray  # Ray is optional (trainer.use_ray)
 
         if not ray.is_initialized():
             ray.init(**ray_init)
-        c = trainer.conf
         self._ray = ray
         self.rollout = ray.remote(RolloutWorker).options(num_cpus=0).remote(
-            trainer.model.config, trainer.tokenizer, trainer.rollout_cfg, trainer.task_configs, c.task_type,
-            c.generation.max_batch_size, c.seed, trainer.hf_options, c.imports)
+            model.config, tokenizer, c.rollout, c.task, c.task_type, c.generation.max_batch_size, c.seed,
+            hf_options, c.imports)
         self.reward = None
-        if trainer.scorer_config is not None:
-            self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(trainer.scorer_config)
+        if scorer_config is not None:
+            self.reward = ray.remote(RewardWorker).options(num_cpus=0).remote(scorer_config)
 
     def rollout_rows(self, rows: list[dict], seed: int, state_dict: dict, rollout_cfg: Any = None,
                      record: Any = None) -> list[dict]:
