@@ -23,7 +23,7 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 # lowest first; the longest matching prefix decides a module's layer
 LAYERS: list[tuple[str, ...]] = [
     ("interfaces",),
-    ("registry", "serving", "isolation", "models", "jsonl", "monitors", "shm",
+    ("registry", "serving", "isolation", "models", "jsonl", "provenance", "monitors", "shm",
      "record"),  # the tape every door records on (tools, interactions and the HTTP clients are its doors)
     ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),
     ("rollout", "backends"),

@@ -98,11 +98,12 @@ import sys
 from verl_agentic.jsonl import JsonLinesAppender
 path, size, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 tag = sys.argv[4]
+pad = b"x" * size
 with JsonLinesAppender(path) as out:
     out.append({"tag": tag, "n": -1})
     print("ready", flush=True)
-    for n in range(count):
-        out.append({"tag": tag, "n": n, "pad": "x" * size})
+    for n in range(count):  # each line made in microseconds: the writer spends its time writing
+        out.append_bytes(b'{"tag": "%s", "n": %d, "pad": "%s"}\\n' % (tag.encode(), n, pad))
 """
 
 
@@ -152,30 +153,56 @@ def test_a_writer_killed_in_the_middle_of_a_line_leaves_a_tail_the_next_appender
     assert [r["n"] for r in rows[1:-1]] == list(range(len(rows) - 2))
 
 
-def test_two_processes_append_while_a_third_opens_and_no_line_is_cut(tmp_path):
-    """Two live writers append 256 kB lines while a third process repeatedly opens the file the way a resume
-    does (``read_complete_json_lines``, which cuts a torn tail): under the writers' lock it never sees a
-    line in the middle of its write, so every line of both writers arrives whole."""
+_MID_LINE_WRITER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)  # the writers' protocol (jsonl.JsonLinesAppender)
+os.write(fd, b'{"tag": "slow", "pad": "' + b"x" * 4096)
+print("half", flush=True)
+sys.stdin.readline()  # the rest of the line when told: a large write still in progress
+os.write(fd, b'"}\\n')
+"""
+
+_OPENERS = {  # a resume's two ways into a file that live writers append to
+    "read_complete_json_lines": "from verl_agentic.jsonl import read_complete_json_lines\n"
+                                "print(read_complete_json_lines(sys.argv[1])[1])",
+    "JsonLinesAppender": "from verl_agentic.jsonl import JsonLinesAppender\n"
+                         "out = JsonLinesAppender(sys.argv[1]); out.append({'tag': 'opener'}); print(out.torn_bytes)",
+}
+
+
+@pytest.mark.parametrize("opener", sorted(_OPENERS))
+def test_a_process_that_opens_while_a_live_writer_is_mid_line_cuts_nothing(tmp_path, opener):
+    """A live writer in the middle of a long line (it holds the lock, half its line written) while a third
+    process opens the file as a resume does: the opener waits for the line to end, cuts nothing, and every
+    line arrives whole. Without the lock the opener took the live half line for a torn one and cut it
+    (``RecordingWriter`` did that to verl's workers' recordings)."""
     import subprocess
     import sys
+    import time
 
     p = tmp_path / "shared.jsonl"
-    writers = [_writer(p, 256 << 10, 150, tag) for tag in ("a", "b")]
-    opener = subprocess.run([sys.executable, "-c", (
-        "import sys, time\n"
-        "from verl_agentic.jsonl import read_complete_json_lines\n"
-        "cut = 0\n"
-        "for _ in range(200):\n"
-        "    cut += read_complete_json_lines(sys.argv[1])[1]\n"
-        "print(cut)\n"), str(p)], capture_output=True, text=True, timeout=300)
-    for w in writers:
-        assert w.wait(timeout=300) == 0
-    assert opener.returncode == 0, opener.stderr
-    assert opener.stdout.strip() == "0", "the opener cut a live writer's line"
+    with JsonLinesAppender(p) as out:
+        out.append({"tag": "before"})
+    writer = subprocess.Popen([sys.executable, "-c", _MID_LINE_WRITER, str(p)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "half\n"
+        third = subprocess.Popen([sys.executable, "-c", "import sys\n" + _OPENERS[opener], str(p)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        still_waiting = third.poll() is None
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert writer.wait(timeout=60) == 0
+        out, err = third.communicate(timeout=60)
+    finally:
+        writer.kill()
+    assert third.returncode == 0, err
+    assert still_waiting, f"the opener did not wait for the live writer's line: {out.strip()} bytes cut"
+    assert out.strip() == "0"
     rows, torn = read_complete_json_lines(p)
-    assert torn == 0
-    for tag in ("a", "b"):
-        assert [r["n"] for r in rows if r["tag"] == tag] == list(range(-1, 150))
+    assert torn == 0 and [r["tag"] for r in rows][:2] == ["before", "slow"] and len(rows[1]["pad"]) == 4096
 
 
 def test_dump_readers_skip_a_torn_line_naming_file_and_line(tmp_path, caplog):

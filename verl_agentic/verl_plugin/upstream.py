@@ -206,7 +206,7 @@ PATCHES: tuple[Patch, ...] = (
           trigger="CPUvLLMHttpServer.__init__ (verl's vLLM server process)", versions=VLLM_032,
           names=(Name("vllm.v1.engine.async_llm.AsyncLLM", "pause_generation", "vllm"),),
           sites=("verl_plugin/cpu/vllm_replica.py: AsyncLLM.pause_generation",),
-          tests=("tests/test_verl_vllm.py::test_resume_after_the_failure_runs_steps_3_and_4_in_colocate_async_mode",)),
+          tests=("tests/test_verl_vllm.py::test_resume_after_the_failure_runs_steps_3_to_5_in_colocate_async_mode",)),
     Patch("cpu_separate_async", "replaces PPOTrainerSeparateAsync.__init__ (once verl's trainer imports its module) "
           "by one ConfigError: that mode needs accelerator transports", CPU, "unset VERL_PLATFORM",
           "verl_agentic.verl_plugin.cpu.modes:refuse_separate_async_on_import", versions=VERL_091,
