@@ -7,9 +7,10 @@ reward managers) on the embedded SmolLM2 model, in three launches:
 1. 2 GRPO steps in verl's synchronous trainer (``agentic_naive``), validation before and at step 2, a
    checkpoint;
 2. a resume into verl's ``colocate_async`` trainer for steps 3-5 with the ``prime`` reward manager,
-   ``turn_loo`` and per-turn rewards: the next batch is rolled out while a step trains, and the requests
-   in flight at each weight update are aborted and resumed after it (partial rollouts spanning two
-   policy versions);
+   ``turn_loo`` and per-turn rewards: two batches of prompts in flight, each step trains the first groups
+   to finish, and the requests still running are aborted before the weight update and resumed after it
+   (partial rollouts spanning two policy versions; the server holds one turn until step 3's abort,
+   tests/va_hf_pace.py, so that one is running then on any machine);
 3. a resume of that asynchronous run from its own checkpoint for step 6, scored by ``swedev`` (the remote
    manager) against a running ``python -m verl_agentic.reward.server``.
 
@@ -252,6 +253,31 @@ def test_hf_server_aborts_parks_and_resumes_like_verls_vllm_server(hf_server):
     assert hf_server.stats()["aborted"] == 1
 
 
+def test_the_server_class_setting_takes_a_subclass_and_names_a_bad_one(monkeypatch):
+    """``engine_kwargs.hf.server_class`` (the e2e run's paced server) takes an importable subclass of
+    ``HFRolloutServer``; anything else is refused with the key and the reason."""
+    from omegaconf import OmegaConf
+
+    from verl_agentic.verl_plugin.cpu.hf_rollout import HFRolloutServer, hf_server_class
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+
+    def config(name=None):
+        return OmegaConf.create({"engine_kwargs": {"hf": {"server_class": name}} if name else {}})
+
+    assert hf_server_class(config()) is HFRolloutServer
+    import va_hf_pace
+
+    assert hf_server_class(config("va_hf_pace.HoldOneTurnForTheUpdate")) is va_hf_pace.HoldOneTurnForTheUpdate
+    key = r"^actor_rollout_ref\.rollout\.engine_kwargs\.hf\.server_class="
+    with pytest.raises(ValueError, match=key + r"'json\.JSONDecoder': not a subclass of HFRolloutServer"):
+        hf_server_class(config("json.JSONDecoder"))
+    with pytest.raises(ValueError, match=key + r"'no_such_module\.Server': cannot import it"):
+        hf_server_class(config("no_such_module.Server"))
+    with pytest.raises(ValueError, match=key + r"'Server': not a subclass"):
+        hf_server_class(config("Server"))
+
+
 # --------------------------------------------------------------------------------------------
 # the launch script
 
@@ -311,7 +337,12 @@ def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900, python: 
          # an entropy bonus makes every update move the weights even when all rewards of a group tie
          # (SmolLM2 solves few GSM8K problems): the weight-sync checks need a real change to see
          "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.entropy_coeff=0.01",
-         "trainer.save_freq=2", "trainer.test_freq=2", *overrides],
+         "trainer.save_freq=2", "trainer.test_freq=2",
+         # two sequences a forward in the training worker (the script's CPU defaults: 4 to train, 8 for log-probs):
+         # its logits are sequences x 704 positions x 49152 floats, and with 160-token turns that worker reached
+         # 12.5 GB, the machine 21.2 of 24 GB, and a CI runner Ray's kill threshold (95%)
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", *overrides],
         capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     (out / f"launch-{len(list(out.glob('launch-*.log')))}.log").write_text(proc.stdout + proc.stderr)
     return proc
@@ -326,7 +357,12 @@ def _metrics(path: Path) -> dict[int, dict]:
 
 
 ASYNC = ("trainer.v1.trainer_mode=colocate_async", "algorithm.adv_estimator=turn_loo", "+agentic.turn_rewards=true",
-         "agentic.max_new_tokens=48")  # longer turns than the first launch's: requests in flight at each update
+         "agentic.max_new_tokens=48")  # longer turns than the first launch's: more requests in flight at an update
+# whether a request is still running at a step's abort is a race (the engine decodes the window's episodes
+# together); the second launch's server holds one turn until step 3's abort (tests/va_hf_pace.py), so an
+# episode spans two versions on any machine
+PACE = "+actor_rollout_ref.rollout.engine_kwargs.hf.server_class=va_hf_pace.HoldOneTurnForTheUpdate"
+TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
 E2E_TIMEOUT_S = 3600  # the first test that asks for the run bears its three launches (each bounded by _launch)
 
 
@@ -343,7 +379,8 @@ def verl_run(tmp_path_factory):
     metrics_1, latest_1 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
     second = _launch(out, data, *ASYNC, "trainer.total_training_steps=5", "trainer.save_freq=5",
                      "trainer.resume_mode=auto", "trainer.val_before_train=false",
-                     "reward.reward_manager.name=prime", "+reward.agentic.num_workers=2")
+                     "reward.reward_manager.name=prime", "+reward.agentic.num_workers=2", PACE,
+                     "trainer.test_freq=5", **TESTS_ON_PATH)  # verl validates at each multiple and the last step
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     metrics_2, latest_2 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
     with ServiceProcess("verl_agentic.reward.server", "--workers", "1", "--timeout-s", "30", "--quiet",
@@ -430,7 +467,8 @@ def test_resume_continues_from_the_checkpoint_with_prime(verl_run):
     log = verl_run.second.stdout + verl_run.second.stderr
     assert "global_step_2" in log
     assert verl_run.latest[1:] == ["5", "6"]
-    assert "val-core/openai/gsm8k/acc/mean@1" in m[4]  # test_freq=2
+    # test_freq=5: verl validates at step 5 (a multiple of it, and the last step), not at 4
+    assert "val-core/openai/gsm8k/acc/mean@1" in m[5] and "val-core/openai/gsm8k/acc/mean@1" not in m[4]
 
 
 @pytest.mark.slow
@@ -500,13 +538,22 @@ def test_colocate_async_trains_with_partial_rollouts_across_weight_updates(verl_
     for step in (3, 4, 5):
         assert m[step]["training/global_step"] == step and m[step]["actor/grad_norm"] > 0
         assert "training/off_policy/trajectory_spans/max" in m[step], sorted(k for k in m[step] if "off_policy" in k)
-    # the next batch is rolled out while a step trains: its requests in flight are aborted before the
-    # weight update and resumed after it, so steps 4 and 5 train on episodes begun by the policy one
-    # version back (verl's worst-case staleness 1) and finished by the current one (its lower bound 0)
+    # two batches of prompts are in flight; a step trains the first groups to finish and the rest wait (their
+    # requests aborted, resumed after the update), so step 4 or 5 trains groups begun by the policy one version
+    # back (verl's worst-case staleness 1)
     assert max(m[s]["training/off_policy/trajectory_staleness_worst/max"] for s in (4, 5)) >= 1, \
         {s: {k: v for k, v in m[s].items() if "off_policy" in k} for s in (4, 5)}
-    # requests in flight at a weight update were aborted and resumed: trajectories spanning two versions
-    assert max(m[s]["training/off_policy/trajectory_spans/max"] for s in (4, 5)) >= 2
+    # a request in flight at step 3's abort (the paced server held one of the launch's first weights until
+    # it) was answered "aborted", resubmitted after the update, and its episode spans two versions. Which step
+    # trains that episode's group is verl's sampler's choice (the first groups to finish), so the spans are
+    # asserted on the episode, not on step 4's or 5's batch
+    log = verl_run.second.stdout + verl_run.second.stderr
+    held = [line for line in log.splitlines() if "va_hf_pace: held request" in line]
+    assert len(held) == 1 and "(weights of step 2)" in held[0] and "until the abort" in held[0], held
+    spanning = [e for e in _episodes(verl_run.out / "rollouts") if e["policy_versions"]["min"] == 2
+                and e["policy_versions"]["max"] == 3]
+    assert spanning and any(t[0] < t[1] for e in spanning for t in e["policy_versions"]["turns"]), \
+        [e["policy_versions"] for e in spanning]
 
 
 @pytest.mark.slow

@@ -48,6 +48,29 @@ logger = logging.getLogger(__name__)
 
 SERVER_NAME = "verl_agentic_hf_server_{rank}"
 HF_WEIGHT_DTYPE_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype"
+HF_SERVER_CLASS_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.server_class"
+
+
+def hf_server_class(config: Any) -> type:
+    """The server actor's class: ``HFRolloutServer`` unless ``engine_kwargs.hf.server_class`` names a
+    subclass (``module.Class``, importable in the Ray workers), as vLLM's ``worker_extension_cls`` names
+    its worker's extension. The tests use it to pace generation against the trainer's updates."""
+    kwargs = getattr(config, "engine_kwargs", None) or {}
+    hf = (kwargs.get("hf") if hasattr(kwargs, "get") else None) or {}
+    name = hf.get("server_class")
+    if not name:
+        return HFRolloutServer
+    import importlib
+
+    module, _, attr = str(name).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{HF_SERVER_CLASS_KEY}={name!r}: cannot import it ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, HFRolloutServer)):
+        raise ValueError(f"{HF_SERVER_CLASS_KEY}={name!r}: not a subclass of {HFRolloutServer.__qualname__} "
+                         f"(write it as module.Class)")
+    return cls
 
 
 def hf_weight_dtype(config: Any) -> str:
@@ -202,7 +225,7 @@ class HFReplica(RolloutReplica):
         if self.world_size != 1:
             raise ValueError(f"the hf rollout serves one process per replica: set "
                              f"actor_rollout_ref.rollout.tensor_model_parallel_size=1 (world size is {self.world_size})")
-        server = ray.remote(HFRolloutServer).options(
+        server = ray.remote(hf_server_class(self.config)).options(
             name=SERVER_NAME.format(rank=self.replica_rank), max_concurrency=self.max_concurrency, num_cpus=0,
         ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
         await server.stats.remote()  # wait until the model is loaded: errors surface here

@@ -1,0 +1,70 @@
+"""Test-only (verl's CPU runs): an hf rollout server that makes one episode span a weight update on purpose.
+
+verl's ``colocate_async`` trainer keeps two batches of prompts in flight; each step takes the first groups to
+finish, aborts every request still running (``abort_all_requests``), trains, pushes the new weights and
+resumes: an episode still running at that abort spans two policy versions. Whether one is running is a race:
+the hf engine decodes all episodes of the window together, and on some machines every one had finished (a CI
+runner, then this machine: no episode spanned two versions). tests/test_verl_cpu.py selects this server with
+the plugin's own setting
+``+actor_rollout_ref.rollout.engine_kwargs.hf.server_class=va_hf_pace.HoldOneTurnForTheUpdate``
+(this folder on ``PYTHONPATH``, so that Ray's workers import it) to take the race out:
+
+the first sampled (not validation) request that continues an episode begun with the launch's first weights
+(its prompt extends an earlier request's) is held, before it generates, until verl's abort closes the gate
+(the other groups of the window complete the step's batch meanwhile). It is then answered ``aborted`` with
+the version it was admitted at, as the shipped server answers a request caught by an abort; verl's
+``FullyAsyncLLMServerClient`` resubmits it after the update, so the episode's turns come from two versions.
+One request per launch is held, and never longer than ``HOLD_TIMEOUT_S`` (then it generates: the test's
+assertions on the spans fail rather than the run hanging). Which later step trains that episode is verl's
+sampler's choice (the first groups to finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Optional
+
+from verl.workers.rollout.replica import TokenOutput
+
+from verl_agentic.verl_plugin.cpu.hf_rollout import HFRolloutServer
+
+HOLD_TIMEOUT_S = 300.0
+
+
+class HoldOneTurnForTheUpdate(HFRolloutServer):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._launch_version: Optional[int] = None  # the weights this launch started from (its first push)
+        # each request's prompt and the version its episode began with
+        self._prompts: list[tuple[tuple[int, ...], Optional[int]]] = []
+        self._held = False
+
+    async def update_weights(self, state: Any, global_steps: Optional[int] = None) -> dict:
+        record = await super().update_weights(state, global_steps)
+        if self._launch_version is None:
+            self._launch_version = global_steps
+        return record
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       **kwargs: Any) -> TokenOutput:
+        version = self.global_steps
+        # verl gives each turn a fresh request id: a later turn of an episode is known by its prompt, which
+        # extends its previous turn's (the latest such request: the same prompt may recur in a later step)
+        prompt = tuple(prompt_ids)
+        previous = [begun for p, begun in self._prompts if len(p) < len(prompt) and prompt[:len(p)] == p]
+        begun_at = previous[-1] if previous else version
+        self._prompts.append((prompt, begun_at))
+        if (not self._held and previous and self._launch_version is not None and self._gate.is_set()
+                and begun_at == version == self._launch_version and float(sampling_params.get("temperature", 1.0)) > 0):
+            self._held = True
+            start = time.monotonic()
+            while self._gate.is_set() and time.monotonic() - start < HOLD_TIMEOUT_S:
+                await asyncio.sleep(0.05)
+            print(f"va_hf_pace: held request {request_id} (weights of step {version}) "
+                  f"{time.monotonic() - start:.1f} s, until {'the abort' if not self._gate.is_set() else 'timeout'}",
+                  flush=True)
+            if not self._gate.is_set():
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
+                                   extra_fields={"global_steps": version})
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
