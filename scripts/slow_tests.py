@@ -2,6 +2,7 @@
 
     .venv/bin/python -m pytest -q -p no:cacheprovider --durations=0 > full.log   # the whole suite
     .venv/bin/python scripts/slow_tests.py full.log [--threshold-s 3]
+    .venv/bin/python scripts/slow_tests.py full.log fast.log   # several logs: a test's time from the last that has it
 
 A test is slow when its setup, call and teardown together took at least the threshold (a module's
 shared fixture counts for the test that set it up). Tests marked ``slow`` in their module (verl's trainer,
@@ -21,23 +22,28 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "slow_tests.txt"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log", help="pytest output with --durations=0")
+    ap.add_argument("logs", nargs="+", help="pytest output with --durations=0; a later log's times replace an "
+                                           "earlier's for the tests it has (e.g. a full run, then make test-fast)")
     ap.add_argument("--threshold-s", type=float, default=3.0)
+    ap.add_argument("--out", type=Path, default=OUT, help=f"default: {OUT.relative_to(OUT.parent.parent)}")
     a = ap.parse_args()
-    seconds: dict[str, float] = defaultdict(float)
-    for line in Path(a.log).read_text().splitlines():
-        m = LINE.match(line.strip())
-        if m:
-            seconds[m.group(3)] += float(m.group(1))
-    if not seconds:
-        raise SystemExit(f"{a.log}: no durations (run pytest with --durations=0)")
+    seconds: dict[str, float] = {}
+    for log in a.logs:
+        this: dict[str, float] = defaultdict(float)
+        for line in Path(log).read_text().splitlines():
+            m = LINE.match(line.strip())
+            if m:
+                this[m.group(3)] += float(m.group(1))
+        if not this:
+            raise SystemExit(f"{log}: no durations (run pytest with --durations=0)")
+        seconds.update(this)
     slow = sorted((s, node) for node, s in seconds.items() if s >= a.threshold_s)
     fast_s = sum(s for s in seconds.values() if s < a.threshold_s)
-    OUT.write_text(
+    a.out.write_text(
         f"# Left out of `make test-fast` (tests/conftest.py marks them slow): setup + call + teardown >= "
         f"{a.threshold_s:g} s\n# in a full run; regenerate with scripts/slow_tests.py (its docstring). The rest "
         f"took {fast_s:.0f} s there.\n" + "".join(f"{s:7.1f} {node}\n" for s, node in reversed(slow)))
-    print(f"{OUT}: {len(slow)} slow tests; the other {len(seconds) - len(slow)} took {fast_s:.0f} s")
+    print(f"{a.out}: {len(slow)} slow tests; the other {len(seconds) - len(slow)} took {fast_s:.0f} s")
 
 
 if __name__ == "__main__":

@@ -246,6 +246,8 @@ def test_the_seeds_table_reports_every_seed_and_the_criterion(tmp_path):
     assert s["runs"][0]["gain"] == pytest.approx(0.4) and s["runs"][3]["gain"] is None
     table = (out / "seeds.md").read_text()
     assert "| 3 |" in table and "(exit 1)" in table and "abc1234"[:7] in table
+    info = json.loads((out / "metrics" / "seed3.run_info.json").read_text())  # committed beside its metrics
+    assert info["exit_status"] == 1 and (out / "metrics" / "seed3.jsonl").is_file()
     mean, low, high = seeds.interval([0.4, 0.4, 0.0])
     assert mean == pytest.approx(0.8 / 3) and low < mean < high
 

@@ -1,7 +1,7 @@
 """The learning run's pre-registered seeds: run them, then summarise every one (PREREG.md says what and why).
 
     .venv/bin/python examples/learning_run/seeds.py run [--seeds 0,1,2,3,4] [--allow-dirty]   # ~12 min a seed
-    .venv/bin/python examples/learning_run/seeds.py summarize [--out examples/learning_run]
+    .venv/bin/python examples/learning_run/seeds.py summarize [--out examples/learning_run/prereg]
 
 ``run``: ``bash examples/learning_run/run.sh SEED`` for each seed, one after another, with greedy validation
 on the 100 held-out problems (``heldout.jsonl``) before the first step and every 10 steps, into
@@ -11,7 +11,7 @@ command, the exit status, the wall clock and the peak resident memory of the run
 crashes is a failed seed, not a dropped one.
 
 ``summarize``: ``OUT/seeds.json``, ``OUT/seeds.md`` (the table of every seed, with the commit) and
-``OUT/metrics/seed<N>.jsonl`` (each run's per-step metrics, unchanged). A seed meets the criterion when
+``OUT/metrics/seed<N>.jsonl`` (each run's per-step metrics, unchanged) with its ``run_info.json``. A seed meets the criterion when
 its mean reward of steps 16-20 is at least 0.2 above that of steps 1-5, and its held-out greedy accuracy
 after the last step is above its step-0 value. Exit status 0 when at least 4 of the seeds meet it.
 """
@@ -102,10 +102,12 @@ def summarize(out: Path, runs: Path = RUNS) -> int:
     if not folders:
         raise SystemExit(f"{runs}: no seed<N>/ folders (run first)")
     results = [seed_result(f) for f in folders]
-    (out / "metrics").mkdir(parents=True, exist_ok=True)
+    (out / "metrics").mkdir(parents=True, exist_ok=True)  # (makes OUT too)
     for f, r in zip(folders, results):
         if (f / "metrics.jsonl").is_file():
             shutil.copyfile(f / "metrics.jsonl", out / "metrics" / f"seed{r['seed']}.jsonl")
+        if (f / "run_info.json").is_file():  # the commit, command and exit status: the table is recomputable
+            shutil.copyfile(f / "run_info.json", out / "metrics" / f"seed{r['seed']}.run_info.json")
     gains = [r["gain"] if r["gain"] is not None else float("nan") for r in results]
     done = [g for g in gains if g == g]
     mean, low, high = interval(done) if done else (float("nan"),) * 3
@@ -137,7 +139,7 @@ def main() -> None:
     p.add_argument("command", choices=("run", "summarize"))
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--allow-dirty", action="store_true")
-    p.add_argument("--out", default=str(HERE))
+    p.add_argument("--out", default=str(HERE / "prereg"))  # beside, not over, the 2026-11-22 evidence
     p.add_argument("--runs", default=str(RUNS))
     a = p.parse_args()
     try:
