@@ -270,3 +270,27 @@ def test_results_runners_refuse_a_dirty_tree_with_one_line(tmp_path):
     with pytest.raises(DirtyTree, match=r"^the checkout has changes \(a\.py\): commit them first, or pass --allow-dirty"):
         source_state(repo=tmp_path)
     assert source_state(allow_dirty=True, repo=tmp_path)["dirty"] == ["a.py"]
+
+
+def test_committed_preregistered_seeds_are_what_their_metrics_say(tmp_path):
+    """examples/learning_run/prereg: every pre-registered seed that ran is in the table, from a clean tree at
+    one commit, and seeds.json is what seeds.py computes again from the committed metrics and run_info."""
+    import shutil
+
+    seeds = _load("seeds")
+    folder = EXAMPLE / "prereg"
+    committed = json.loads((folder / "seeds.json").read_text())
+    runs = tmp_path / "runs"
+    for info in sorted((folder / "metrics").glob("seed*.run_info.json")):
+        seed = info.name.split(".")[0]
+        (runs / seed).mkdir(parents=True)
+        shutil.copyfile(info, runs / seed / "run_info.json")
+        if (folder / "metrics" / f"{seed}.jsonl").is_file():
+            shutil.copyfile(folder / "metrics" / f"{seed}.jsonl", runs / seed / "metrics.jsonl")
+    seeds.summarize(tmp_path / "out", runs)
+    again = json.loads((tmp_path / "out" / "seeds.json").read_text())
+    assert again == committed
+    assert [r["seed"] for r in committed["runs"]] == [0, 1, 2, 3, 4][:len(committed["runs"])]
+    assert len(committed["commits"]) == 1 and not any(r["dirty"] for r in committed["runs"])
+    table = (EXAMPLE / "README.md").read_text()
+    assert (folder / "seeds.md").read_text().strip() in table  # the README shows the table as computed
