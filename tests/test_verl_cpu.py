@@ -258,6 +258,7 @@ def test_the_server_class_setting_takes_a_subclass_and_names_a_bad_one(monkeypat
     ``HFRolloutServer``; anything else is refused with the key and the reason."""
     from omegaconf import OmegaConf
 
+    from verl_agentic.interfaces import ConfigError
     from verl_agentic.verl_plugin.cpu.hf_rollout import HFRolloutServer, hf_server_class
 
     monkeypatch.syspath_prepend(str(REPO / "tests"))
@@ -270,11 +271,11 @@ def test_the_server_class_setting_takes_a_subclass_and_names_a_bad_one(monkeypat
 
     assert hf_server_class(config("va_hf_pace.HoldOneTurnForTheUpdate")) is va_hf_pace.HoldOneTurnForTheUpdate
     key = r"^actor_rollout_ref\.rollout\.engine_kwargs\.hf\.server_class="
-    with pytest.raises(ValueError, match=key + r"'json\.JSONDecoder': not a subclass of HFRolloutServer"):
+    with pytest.raises(ConfigError, match=key + r"'json\.JSONDecoder': not a subclass of HFRolloutServer"):
         hf_server_class(config("json.JSONDecoder"))
-    with pytest.raises(ValueError, match=key + r"'no_such_module\.Server': cannot import it"):
+    with pytest.raises(ConfigError, match=key + r"'no_such_module\.Server': cannot import it"):
         hf_server_class(config("no_such_module.Server"))
-    with pytest.raises(ValueError, match=key + r"'Server': not a subclass"):
+    with pytest.raises(ConfigError, match=key + r"'Server': not a subclass"):
         hf_server_class(config("Server"))
 
 

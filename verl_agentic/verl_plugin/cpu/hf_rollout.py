@@ -40,7 +40,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from verl_agentic.interfaces import WEIGHT_DTYPE_NAMES, canonical_weight_dtype
+from verl_agentic.interfaces import WEIGHT_DTYPE_NAMES, ConfigError, canonical_weight_dtype
 from verl_agentic.verl_plugin.cpu.weight_log import log_push, weight_fingerprint
 from verl_agentic.verl_plugin.weight_sync import aliases
 
@@ -66,9 +66,9 @@ def hf_server_class(config: Any) -> type:
     try:
         cls = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{HF_SERVER_CLASS_KEY}={name!r}: cannot import it ({e})") from e
+        raise ConfigError(f"{HF_SERVER_CLASS_KEY}={name!r}: cannot import it ({e})") from e
     if not (isinstance(cls, type) and issubclass(cls, HFRolloutServer)):
-        raise ValueError(f"{HF_SERVER_CLASS_KEY}={name!r}: not a subclass of {HFRolloutServer.__qualname__} "
+        raise ConfigError(f"{HF_SERVER_CLASS_KEY}={name!r}: not a subclass of {HFRolloutServer.__qualname__} "
                          f"(write it as module.Class)")
     return cls
 
