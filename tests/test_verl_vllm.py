@@ -251,7 +251,7 @@ def vllm_run(tmp_path_factory, vllm_py):
     third = _launch(out, data, *common, "trainer.total_training_steps=5", "trainer.resume_mode=auto",
                     "trainer.val_before_train=false", "trainer.v1.trainer_mode=colocate_async",
                     "agentic.max_new_tokens=160", "actor_rollout_ref.rollout.max_num_seqs=2",
-                    "trainer.test_freq=-1",  # no validation: nothing here asserts it (it cost 110 s at 160-token turns)
+                    "trainer.test_freq=-1",  # no validation: nothing here asserts it (one took 110 s at 160-token turns)
                     python=vllm_py, ROLLOUT="vllm")
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, first=first, failed=failed, failed_s=failed_s, third=third,
