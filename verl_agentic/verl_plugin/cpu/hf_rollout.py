@@ -51,13 +51,17 @@ HF_WEIGHT_DTYPE_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype"
 HF_SERVER_CLASS_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.server_class"
 
 
+def _hf_engine_kwargs(config: Any) -> Any:
+    """``rollout.engine_kwargs.hf`` (the hf rollout's own settings), or an empty dict."""
+    kwargs = getattr(config, "engine_kwargs", None) or {}
+    return (kwargs.get("hf") if hasattr(kwargs, "get") else None) or {}
+
+
 def hf_server_class(config: Any) -> type:
     """The server actor's class: ``HFRolloutServer`` unless ``engine_kwargs.hf.server_class`` names a
     subclass (``module.Class``, importable in the Ray workers), as vLLM's ``worker_extension_cls`` names
     its worker's extension. The tests use it to pace generation against the trainer's updates."""
-    kwargs = getattr(config, "engine_kwargs", None) or {}
-    hf = (kwargs.get("hf") if hasattr(kwargs, "get") else None) or {}
-    name = hf.get("server_class")
+    name = _hf_engine_kwargs(config).get("server_class")
     if not name:
         return HFRolloutServer
     import importlib
@@ -79,9 +83,7 @@ def hf_weight_dtype(config: Any) -> str:
     verl's ``rollout.dtype`` is not used: its default is bfloat16 (vLLM's and SGLang's precision), so
     following it would make every hf rollout low-precision without anyone asking (or refused on a CPU
     without AVX512-BF16). When it differs, one line says so and names the key."""
-    kwargs = getattr(config, "engine_kwargs", None) or {}
-    hf = (kwargs.get("hf") if hasattr(kwargs, "get") else None) or {}
-    name = canonical_weight_dtype(hf.get("weight_dtype", "float32"), HF_WEIGHT_DTYPE_KEY)
+    name = canonical_weight_dtype(_hf_engine_kwargs(config).get("weight_dtype", "float32"), HF_WEIGHT_DTYPE_KEY)
     verl_dtype = str(getattr(config, "dtype", None) or "").removeprefix("torch.").lower()
     if verl_dtype and WEIGHT_DTYPE_NAMES.get(verl_dtype, verl_dtype) != name:
         logger.info("hf rollout: generating in %s; actor_rollout_ref.rollout.dtype=%s is for vLLM/SGLang "
