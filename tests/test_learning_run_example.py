@@ -272,13 +272,15 @@ def test_results_runners_refuse_a_dirty_tree_with_one_line(tmp_path):
     assert source_state(allow_dirty=True, repo=tmp_path)["dirty"] == ["a.py"]
 
 
-def test_committed_preregistered_seeds_are_what_their_metrics_say(tmp_path):
-    """examples/learning_run/prereg: every pre-registered seed that ran is in the table, from a clean tree at
-    one commit, and seeds.json is what seeds.py computes again from the committed metrics and run_info."""
+@pytest.mark.parametrize("round_", sorted(p.name for p in EXAMPLE.glob("prereg*") if p.is_dir()))
+def test_committed_preregistered_seeds_are_what_their_metrics_say(tmp_path, round_):
+    """examples/learning_run/prereg*/ (one folder per pre-registered round): every seed that ran is in the
+    table, from a clean tree at one commit, and seeds.json is what seeds.py computes again from the committed
+    metrics and run_info."""
     import shutil
 
     seeds = _load("seeds")
-    folder = EXAMPLE / "prereg"
+    folder = EXAMPLE / round_
     committed = json.loads((folder / "seeds.json").read_text())
     runs = tmp_path / "runs"
     for info in sorted((folder / "metrics").glob("seed*.run_info.json")):
@@ -294,3 +296,19 @@ def test_committed_preregistered_seeds_are_what_their_metrics_say(tmp_path):
     assert len(committed["commits"]) == 1 and not any(r["dirty"] for r in committed["runs"])
     table = (EXAMPLE / "README.md").read_text()
     assert (folder / "seeds.md").read_text().strip() in table  # the README shows the table as computed
+
+
+def test_each_seed_records_its_own_exit_status_and_peak_memory(tmp_path):
+    """seeds.py run: a crashing seed is recorded with its exit status and the next seed still runs; each
+    seed's peak resident memory is its own run's (seed 0 holds ~300 MB, seed 1 ~20 MB), not the largest
+    of every run so far."""
+    seeds = _load("seeds")
+    script = tmp_path / "fake_run.sh"
+    script.write_text('#!/usr/bin/env bash\nexec "$PYTHON" -c "import sys; b = bytearray((300 if sys.argv[1] == \'0\' '
+                      'else 20) * 2**20); b[::4096] = b\'x\' * len(b[::4096]); sys.exit(3 if sys.argv[1] == \'0\' else 0)" "$1"\n')
+    runs = tmp_path / "runs"
+    assert seeds.run([0, 1], allow_dirty=True, runs=runs, script=str(script)) == 1
+    first, second = (json.loads((runs / f"seed{s}" / "run_info.json").read_text()) for s in (0, 1))
+    assert (first["exit_status"], second["exit_status"]) == (3, 0)
+    assert first["max_rss_gb"] >= 0.29 and second["max_rss_gb"] < 0.2, (first, second)
+    assert first["command"].startswith("bash ") and "data.val_path=" in first["command"]

@@ -17,7 +17,7 @@ exec "$PYTHON" -m verl_agentic.main_ppo \
   rollout.n=8 rollout.max_turns=2 rollout.max_new_tokens=24 rollout.max_total_tokens=512 rollout.temperature=1.0 \
   reward.manager=naive "reward.scorer_kwargs={gsm8k: {answer_in_cut_turn: false}}" \
   algorithm.adv_estimator=grpo actor.policy_loss=vanilla actor.loss_agg_mode=token-mean \
-  actor.optim.lr=5e-5 actor.grad_clip=1.0 \
+  actor.optim.lr=2e-5 actor.grad_clip=1.0 \
   actor.ppo_mini_batch_size=32 actor.ppo_micro_batch_size=16 \
   trainer.batch_size=4 trainer.total_steps=20 trainer.save_freq=0 trainer.save_hf_model=false \
   trainer.logger='[jsonl]' \

@@ -1,7 +1,7 @@
 """The learning run's pre-registered seeds: run them, then summarise every one (PREREG.md says what and why).
 
-    .venv/bin/python examples/learning_run/seeds.py run [--seeds 0,1,2,3,4] [--allow-dirty]   # ~12 min a seed
-    .venv/bin/python examples/learning_run/seeds.py summarize [--out examples/learning_run/prereg]
+    .venv/bin/python examples/learning_run/seeds.py run [--seeds 0,1,2,3,4] [--allow-dirty]   # 4-10 min a seed
+    .venv/bin/python examples/learning_run/seeds.py summarize [--out examples/learning_run/prereg2]
 
 ``run``: ``bash examples/learning_run/run.sh SEED`` for each seed, one after another, with greedy validation
 on the 100 held-out problems (``heldout.jsonl``) before the first step and every 10 steps, into
@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,21 +40,23 @@ MIN_GAIN = 0.2
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def run(seeds: list[int], allow_dirty: bool) -> int:
+def run(seeds: list[int], allow_dirty: bool, runs: Path = RUNS, script: str = "examples/learning_run/run.sh") -> int:
     state = source_state(allow_dirty)
     failed = 0
     for seed in seeds:
-        out = RUNS / f"seed{seed}"
+        out = runs / f"seed{seed}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        cmd = ["bash", "examples/learning_run/run.sh", str(seed), *VALIDATION]
+        cmd = ["bash", script, str(seed), *VALIDATION]
         print(f"== seed {seed}: {' '.join(cmd)}", flush=True)
         start = time.time()
-        proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)})
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)})
+        _, status, usage = os.wait4(proc.pid, 0)  # this run's own resource use (run.sh execs the trainer)
+        proc.returncode = os.waitstatus_to_exitcode(status)
         info = {"seed": seed, **state, "command": " ".join(cmd), "exit_status": proc.returncode,
                 "wall_s": round(time.time() - start, 1),
-                # the largest resident set of any process this runner has waited for so far (Linux: kB)
-                "max_rss_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)}
+                # the largest resident set of this run's process and the children it waited for (Linux: kB)
+                "max_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
         (out / "run_info.json").write_text(json.dumps(info, indent=1))
         failed += proc.returncode != 0
         print(f"== seed {seed}: exit {proc.returncode} after {info['wall_s'] / 60:.1f} min", flush=True)
@@ -139,12 +140,13 @@ def main() -> None:
     p.add_argument("command", choices=("run", "summarize"))
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--allow-dirty", action="store_true")
-    p.add_argument("--out", default=str(HERE / "prereg"))  # beside, not over, the 2026-11-22 evidence
+    # round 2 (lr 2e-5, PREREG.md); round 1's table stays in prereg/, the 2026-11-22 evidence beside them
+    p.add_argument("--out", default=str(HERE / "prereg2"))
     p.add_argument("--runs", default=str(RUNS))
     a = p.parse_args()
     try:
         if a.command == "run":
-            sys.exit(run([int(s) for s in a.seeds.split(",")], a.allow_dirty))
+            sys.exit(run([int(s) for s in a.seeds.split(",")], a.allow_dirty, Path(a.runs)))
         sys.exit(summarize(Path(a.out), Path(a.runs)))
     except DirtyTree as e:
         print(f"error: {e}", file=sys.stderr)
