@@ -317,3 +317,24 @@ def test_scorer_names_are_left_to_a_remote_reward_service_and_documented_forms_c
               "task.gen_chat.env_config={feedback: verify}", "task.swedev.limits={memory_mb: 512}")
     assert p.reward.scorer_kwargs == {"gsm8k": {"method": "strict"}}
     assert p.rollout.chat_template_kwargs == {"enable_thinking": False} and parse().rollout.chat_template_kwargs == {}
+
+
+def test_the_hf_engine_device_is_checked_before_the_model_loads():
+    """rollout.hf.device: cpu (the default) or cuda[:N] where torch sees CUDA. Another device, a missing
+    CUDA, the CPU's weight_dtype copy on CUDA, or a device in main_ppo (it trains on the CPU with the
+    rollout's own weights) is one ConfigError naming the key, before any model loads."""
+    import torch
+
+    assert parse("rollout.hf.device=cpu", name="rollout").generation.hf["device"] == "cpu"
+    with pytest.raises(ConfigError, match=r"^rollout\.hf\.device must be cpu, cuda or cuda:N, got 'mps'$"):
+        parse("rollout.hf.device=mps", name="rollout")
+    with pytest.raises(ConfigError, match=r"^rollout\.hf\.device: 'gpu0' is not a device"):
+        parse("rollout.hf.device=gpu0", name="rollout")
+    with pytest.raises(ConfigError, match=r"^rollout\.hf\.device=cuda is main_rollout's: main_ppo trains on the CPU"):
+        parse("rollout.hf.device=cuda")
+    if torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"weight_dtype=int8 is the CPU's low-precision copy"):
+            parse("rollout.hf.device=cuda", "rollout.hf.weight_dtype=int8", name="rollout")
+    else:
+        with pytest.raises(ConfigError, match=r"^rollout\.hf\.device=cuda: torch \S+ sees no CUDA device here$"):
+            parse("rollout.hf.device=cuda", name="rollout")

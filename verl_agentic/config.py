@@ -101,16 +101,19 @@ class HFConfig:
     packed_linear: bool = True
     weight_dtype: str = "float32"  # float32 | bfloat16 | int8 (backends/packed_linear.py)
     fused_forward: bool = True  # Llama-family: the forward without transformers' layers (backends/fused_forward.py)
+    device: str = "cpu"  # where the engine runs: cpu, cuda, cuda:N (main_rollout; main_ppo trains on the CPU)
 
     # What each key may change in a run's output (main_rollout's run identity; a test makes every key
     # be in one of the two). ROUNDING: only fp32 rounding, the way the batch a request shares does (how
     # the KV cache is sized, chunks of a prefill, threads, oneDNN vs MKL, the fused layer loop): a
     # resumed run may change these. PRECISION: the arithmetic's precision, so the tokens themselves.
     ROUNDING_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads",
-                                                "packed_linear", "fused_forward")
+                                                "packed_linear", "fused_forward", "device")
     PRECISION_KEYS: ClassVar[tuple[str, ...]] = ("weight_dtype",)
 
     def __post_init__(self) -> None:
+        if self.device != "cpu":
+            self._check_device()
         if canonical_weight_dtype(self.weight_dtype) != "float32":
             # a CPU without the fast kernel's instructions; torch's cpuinfo tells, so torch loads here,
             # and only here: parsing a default config (or --help) does not wait for torch
@@ -121,6 +124,24 @@ class HFConfig:
         _at_least("rollout.hf", self, ("prefill_chunk_tokens",), 1)
         if self.num_threads is not None:
             _at_least("rollout.hf", self, ("num_threads",), 1)
+
+    def _check_device(self) -> None:
+        """A device other than the CPU: CUDA, present here, and the model in the dtype to generate in."""
+        import torch
+
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"rollout.hf.device: {self.device!r} is not a device ({exc})") from None
+        if device.type != "cuda":
+            raise ConfigError(f"rollout.hf.device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if not torch.cuda.is_available():
+            raise ConfigError(f"rollout.hf.device={self.device}: torch {torch.__version__} sees no CUDA device here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"rollout.hf.device={self.device}: there are {torch.cuda.device_count()} CUDA devices")
+        if canonical_weight_dtype(self.weight_dtype) != "float32":
+            raise ConfigError(f"rollout.hf.weight_dtype={self.weight_dtype} is the CPU's low-precision copy; on "
+                              f"{self.device} load the model in the dtype to generate in (model.dtype=bfloat16)")
 
 
 @dataclass(frozen=True)
@@ -388,6 +409,10 @@ class RunConfig:
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         r = raw.get("rollout") or {}
         check_keys(r, ROLLOUT_KEYS, "rollout")
+        device = (r.get("hf") or {}).get("device", "cpu") if isinstance(r.get("hf") or {}, dict) else "cpu"
+        if "trainer" in raw and device != "cpu":
+            raise ConfigError(f"rollout.hf.device={device} is main_rollout's: main_ppo trains on the CPU, and its "
+                              "rollout generates with the trainer's own weights (leave rollout.hf.device=cpu)")
         generation_keys = {f.name for f in fields(GenerationConfig)}
         rollout = parse_section(RolloutConfig, {k: v for k, v in r.items() if k not in generation_keys}, "rollout")
         generation = parse_section(GenerationConfig, {k: v for k, v in r.items() if k in generation_keys}, "rollout")

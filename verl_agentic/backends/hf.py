@@ -52,7 +52,8 @@ from verl_agentic.interfaces import GenOutput, SamplingParams, check_keys
 __all__ = ["HFBackend", "filter_logits", "hf_options"]
 
 # The engine settings a config may set (``rollout.hf``), as HFBackend keyword arguments.
-OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear", "weight_dtype", "fused_forward")
+OPTION_KEYS = ("kv_cache_gb", "prefill_chunk_tokens", "num_threads", "packed_linear", "weight_dtype", "fused_forward",
+               "device")
 
 
 def hf_options(section: Any) -> dict[str, Any]:
