@@ -409,7 +409,7 @@ class RunConfig:
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         r = raw.get("rollout") or {}
         check_keys(r, ROLLOUT_KEYS, "rollout")
-        device = (r.get("hf") or {}).get("device", "cpu") if isinstance(r.get("hf") or {}, dict) else "cpu"
+        device = r["hf"].get("device", "cpu") if isinstance(r.get("hf"), dict) else "cpu"
         if "trainer" in raw and device != "cpu":
             raise ConfigError(f"rollout.hf.device={device} is main_rollout's: main_ppo trains on the CPU, and its "
                               "rollout generates with the trainer's own weights (leave rollout.hf.device=cpu)")
