@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -302,12 +304,17 @@ def test_each_seed_records_its_own_exit_status_and_peak_memory(tmp_path):
     """seeds.py run: a crashing seed is recorded with its exit status and the next seed still runs; each
     seed's peak resident memory is its own run's (seed 0 holds ~300 MB, seed 1 ~20 MB), not the largest
     of every run so far."""
-    seeds = _load("seeds")
     script = tmp_path / "fake_run.sh"
     script.write_text('#!/usr/bin/env bash\nexec "$PYTHON" -c "import sys; b = bytearray((300 if sys.argv[1] == \'0\' '
                       'else 20) * 2**20); b[::4096] = b\'x\' * len(b[::4096]); sys.exit(3 if sys.argv[1] == \'0\' else 0)" "$1"\n')
     runs = tmp_path / "runs"
-    assert seeds.run([0, 1], allow_dirty=True, runs=runs, script=str(script)) == 1
+    # from a small process, as `seeds.py run` is: a child's peak RSS counts the pages its fork inherited,
+    # and this test's own process holds gigabytes
+    code = (f"import importlib.util, sys; from pathlib import Path; "
+            f"spec = importlib.util.spec_from_file_location('seeds', {str(EXAMPLE / 'seeds.py')!r}); "
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            f"sys.exit(m.run([0, 1], True, Path({str(runs)!r}), {str(script)!r}))")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 1
     first, second = (json.loads((runs / f"seed{s}" / "run_info.json").read_text()) for s in (0, 1))
     assert (first["exit_status"], second["exit_status"]) == (3, 0)
     assert first["max_rss_gb"] >= 0.29 and second["max_rss_gb"] < 0.2, (first, second)

@@ -55,7 +55,8 @@ def run(seeds: list[int], allow_dirty: bool, runs: Path = RUNS, script: str = "e
         proc.returncode = os.waitstatus_to_exitcode(status)
         info = {"seed": seed, **state, "command": " ".join(cmd), "exit_status": proc.returncode,
                 "wall_s": round(time.time() - start, 1),
-                # the largest resident set of this run's process and the children it waited for (Linux: kB)
+                # the largest resident set of this run's process and the children it waited for (Linux: kB;
+                # it counts the pages the fork inherited from this runner, a small process)
                 "max_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
         (out / "run_info.json").write_text(json.dumps(info, indent=1))
         failed += proc.returncode != 0
