@@ -39,6 +39,7 @@ class HoldOneTurnForTheUpdate(HFRolloutServer):
         # each request's prompt and the version its episode began with
         self._prompts: list[tuple[tuple[int, ...], Optional[int]]] = []
         self._held = False
+        self._held_prompt: Optional[tuple[int, ...]] = None  # the held turn's prompt, to see it come back
 
     async def update_weights(self, state: Any, global_steps: Optional[int] = None) -> dict:
         record = await super().update_weights(state, global_steps)
@@ -52,6 +53,13 @@ class HoldOneTurnForTheUpdate(HFRolloutServer):
         # verl gives each turn a fresh request id: a later turn of an episode is known by its prompt, which
         # extends its previous turn's (the latest such request: the same prompt may recur in a later step)
         prompt = tuple(prompt_ids)
+        held = self._held_prompt
+        if held is not None and prompt[:len(held)] == held:  # the aborted turn, resubmitted (with what it had)
+            self._held_prompt = None  # (it may arrive while generation is paused: it runs after the resume)
+            out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+            print(f"va_hf_pace: resumed the held turn's prompt (+{len(prompt) - len(held)} tokens), submitted with "
+                  f"the weights of step {version}, answered with those of step {self.global_steps}", flush=True)
+            return out
         previous = [begun for p, begun in self._prompts if len(p) < len(prompt) and prompt[:len(p)] == p]
         begun_at = previous[-1] if previous else version
         self._prompts.append((prompt, begun_at))
@@ -65,6 +73,7 @@ class HoldOneTurnForTheUpdate(HFRolloutServer):
                   f"{time.monotonic() - start:.1f} s, until {'the abort' if not self._gate.is_set() else 'timeout'}",
                   flush=True)
             if not self._gate.is_set():
+                self._held_prompt = prompt
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
                                    extra_fields={"global_steps": version})
         return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
