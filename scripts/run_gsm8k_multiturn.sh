@@ -31,7 +31,10 @@
 #   DEVICE      [gpu]   gpu | cpu
 #   ROLLOUT     [hf]    cpu only: hf (our HF-backend rollout) | vllm (verl's vLLM rollout on vLLM's CPU build)
 #   MODEL_PATH  [gpu: Qwen/Qwen2.5-0.5B-Instruct; cpu: the embedded model]  HF id or local folder
-#   N_GPUS [1]  NNODES [1]  TP [1] (vLLM tensor parallel size per replica; GPU only)
+#   N_GPUS [1]  TP [1] (vLLM tensor parallel size per replica; GPU only)
+#   NNODES [1]  nodes of the Ray cluster; cpu: more than 1 needs RAY_ADDRESS (one training process a node)
+#   RAY_ADDRESS [unset] join this running Ray cluster (ray start) instead of starting one; a task module of
+#               yours reaches every node with +ray_kwargs.ray_init.runtime_env.working_dir=<its folder>
 #   DATA_DIR    [outputs/data/gsm8k]  where the preprocessed parquet files go (made once)
 #   OUT         [cpu: outputs/verl-gsm8k-cpu]  the CPU run's folder (see above)
 #   LOGGER      ['["console"]']    e.g. '["console","wandb"]'
@@ -50,6 +53,10 @@ fi
 if [[ "$DEVICE" == cpu && " $* " == *" trainer.v1.trainer_mode=separate_async "* ]]; then
   # the same words as verl_plugin/cpu/modes.py's SEPARATE_ASYNC_ON_CPU (which a direct main_ppo call gets)
   echo "run_gsm8k_multiturn.sh: trainer.v1.trainer_mode=separate_async does not run on the CPU: it needs a standalone rollout pool and a checkpoint engine other than naive (verl's nccl, nixl, mooncake and hccl all move weights between accelerators; verl/trainer/ppo/v1/trainer_separate_async.py:64-70); use trainer.v1.trainer_mode=colocate_async (partial rollouts across weight updates, staleness control) or sync" >&2
+  exit 2
+fi
+if [[ "$DEVICE" == cpu && "${NNODES:-1}" != 1 && -z "${RAY_ADDRESS:-}" ]]; then
+  echo "run_gsm8k_multiturn.sh: NNODES=${NNODES} on the CPU joins a running Ray cluster: start one (ray start --head --num-gpus=1 here, ray start --address=<head>:6379 --num-gpus=1 on each other node) and set RAY_ADDRESS=<head>:6379 (docs/verl.md, \"More than one node\")" >&2
   exit 2
 fi
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
@@ -133,10 +140,8 @@ if [[ "$DEVICE" == cpu ]]; then
   OVERRIDES+=(
     # --- CPU mode (VERL_PLATFORM=cpu, exported below): verl's CPU platform and the hf rollout
     trainer.device=cpu
-    trainer.n_gpus_per_node=1                    # one training process (FSDP2 over gloo)
-    trainer.nnodes=1
-    +ray_kwargs.ray_init.num_gpus=1              # verl's resource pools count GPUs: one logical GPU
-    ray_kwargs.ray_init.num_cpus=16              # logical CPUs for verl's many small actors (not cores)
+    trainer.n_gpus_per_node=1                    # one training process per node (FSDP2 over gloo)
+    "trainer.nnodes=${NNODES:-1}"                # >1: a running Ray cluster (RAY_ADDRESS), one process per node
     transfer_queue.backend.SimpleStorage.num_data_storage_units=2  # more storage actors hang on 2 cores
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
     actor_rollout_ref.actor.strategy=fsdp2       # FSDP1's sync_module_states needs a GPU
@@ -168,6 +173,23 @@ if [[ "$DEVICE" == cpu ]]; then
     trainer.test_freq=5
     trainer.save_freq=5
   )
+  if [[ -n "${RAY_ADDRESS:-}" ]]; then
+    # a running cluster (`ray start` on each node, each with --num-gpus=1: verl's resource pools count GPUs):
+    # ray.init may not set resources when it joins one, and the workers get their environment from the
+    # job's runtime_env, not from this shell (docs/verl.md, "More than one node")
+    OVERRIDES+=(
+      +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu
+      "+ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE='1'"
+      "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='${OMP_NUM_THREADS:-$(nproc)}'"
+      "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_AGENTIC_WEIGHT_PUSH_LOG='${VERL_AGENTIC_WEIGHT_PUSH_LOG:-$OUT/weight_pushes.jsonl}'"
+      "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='${VERL_FILE_LOGGER_PATH:-$OUT/metrics.jsonl}'"
+    )
+  else
+    OVERRIDES+=(
+      +ray_kwargs.ray_init.num_gpus=1            # verl's resource pools count GPUs: one logical GPU
+      ray_kwargs.ray_init.num_cpus=16            # logical CPUs for verl's many small actors (not cores)
+    )
+  fi
   if [[ "$ROLLOUT" == vllm ]]; then
     OVERRIDES+=(
       actor_rollout_ref.rollout.name=vllm        # verl's vLLMReplica; our CPU fixes: verl_plugin/cpu/vllm_setup.py

@@ -299,9 +299,32 @@ def test_launch_script_cpu_overrides_fit_verls_config():
     assert cfg.agentic.task.gsm8k.feedback == "verify" and cfg.reward.reward_manager.name == "agentic_naive"
 
 
+def test_launch_script_joins_a_running_cluster_with_the_workers_environment_in_runtime_env():
+    """With RAY_ADDRESS (a cluster of several nodes: tests/test_verl_two_nodes.py runs it) the script asks
+    Ray for no resources (a joined cluster's are its nodes') and hands the workers CPU mode through the
+    job's runtime_env, as strings (Ray refuses other types)."""
+    from test_verl_agent_loop import verl_config
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    env = {**os.environ, "DEVICE": "cpu", "MODEL_PATH": "/models/m", "NNODES": "2", "RAY_ADDRESS": "10.0.0.1:6379",
+           "OUT": "/runs/a", "OMP_NUM_THREADS": "3"}
+    out = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True, check=True, env=env)
+    cfg = verl_config(*[line for line in out.stdout.splitlines() if line])
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert cfg.trainer.nnodes == 2 and cfg.trainer.n_gpus_per_node == 1
+    ray_init = cfg.ray_kwargs.ray_init
+    assert "num_gpus" not in ray_init and ray_init.num_cpus is None
+    assert dict(ray_init.runtime_env.env_vars) == {
+        "VERL_PLATFORM": "cpu", "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "3",
+        "VERL_AGENTIC_WEIGHT_PUSH_LOG": "/runs/a/weight_pushes.jsonl", "VERL_FILE_LOGGER_PATH": "/runs/a/metrics.jsonl"}
+    assert all(isinstance(v, str) for v in ray_init.runtime_env.env_vars.values())
+
+
 @pytest.mark.parametrize("env, message", [
     ({"DEVICE": "cpu", "MODEL_PATH": "/no/such/model"}, "is not one"),
     ({"DEVICE": "tpu"}, "DEVICE must be gpu or cpu"),
+    ({"DEVICE": "cpu", "NNODES": "2", "RAY_ADDRESS": ""}, "NNODES=2 on the CPU joins a running Ray cluster"),
 ])
 def test_launch_script_bad_input_is_a_clear_error(env, message):
     out = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=1"], capture_output=True, text=True,

@@ -41,8 +41,8 @@ class HoldOneTurnForTheUpdate(HFRolloutServer):
         self._held = False
         self._held_prompt: Optional[tuple[int, ...]] = None  # the held turn's prompt, to see it come back
 
-    async def update_weights(self, state: Any, global_steps: Optional[int] = None) -> dict:
-        record = await super().update_weights(state, global_steps)
+    async def update_weights(self, state: Any, global_steps: Optional[int] = None, **kwargs: Any) -> dict:
+        record = await super().update_weights(state, global_steps, **kwargs)
         if self._launch_version is None:
             self._launch_version = global_steps
         return record

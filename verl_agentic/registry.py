@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import sys
 import threading
 from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
 
@@ -22,7 +23,16 @@ T = TypeVar("T")
 
 IMPORTS_HINT = ("every process that runs tasks or scorers imports it (Ray's workers and prime's processes too): "
                 "run from the folder that holds it (the working directory is on sys.path, Ray's workers' too) "
-                "or add that folder to PYTHONPATH")
+                "or add that folder to PYTHONPATH; on a Ray cluster the run joins (RAY_ADDRESS), ship the folder "
+                "to every node with +ray_kwargs.ray_init.runtime_env.working_dir=<the folder>")
+
+
+def _where() -> str:
+    """`` (on Ray node <id>)`` in a process connected to Ray, else nothing: which node lacks a module."""
+    ray = sys.modules.get("ray")  # only where Ray is already loaded: this module does not need it
+    if ray is None or not ray.is_initialized():
+        return ""
+    return f" (on Ray node {ray.get_runtime_context().get_node_id()})"
 
 
 def import_modules(modules: Any, key: str = "imports") -> list:
@@ -44,7 +54,7 @@ def import_modules(modules: Any, key: str = "imports") -> list:
             missing = getattr(e, "name", None)
             not_found = missing is not None and (name == missing or name.startswith(missing + "."))
             cause = f"{e}; {IMPORTS_HINT}" if not_found else f"importing it raised {type(e).__name__}: {e}"
-            raise ConfigError(f"{key}: cannot import {name!r}: {cause}") from e
+            raise ConfigError(f"{key}: cannot import {name!r}{_where()}: {cause}") from e
     return out
 
 

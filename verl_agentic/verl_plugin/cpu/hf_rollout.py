@@ -36,6 +36,7 @@ from typing import Any, Generator, Optional
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
@@ -49,6 +50,11 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "verl_agentic_hf_server_{rank}"
 HF_WEIGHT_DTYPE_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.weight_dtype"
 HF_SERVER_CLASS_KEY = "actor_rollout_ref.rollout.engine_kwargs.hf.server_class"
+
+
+def _ray_node() -> Optional[str]:
+    """This process's Ray node id (None outside Ray: a server built in a test's own process)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def _hf_engine_kwargs(config: Any) -> Any:
@@ -165,7 +171,9 @@ class HFRolloutServer:
         return out
 
     # -- weights ----------------------------------------------------------------------------
-    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> dict:
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None,
+                             sender_node: Optional[str] = None) -> dict:
+        """Load a push; ``sender_node`` is the Ray node of the training worker that sent it (recorded)."""
         names = set(state)
         missing = sorted(self.expected - names)
         unexpected = sorted(names - self.expected - self.tied)
@@ -182,8 +190,8 @@ class HFRolloutServer:
         if self.last_state is not None:
             change = max(float((state[k].float() - self.last_state[k].float()).abs().max()) for k in self.expected)
         record = {"replica": self.replica_rank, "push": self.pushes, "global_steps": global_steps,
-                  "tensors": len(names), "missing": len(missing), "fingerprint": fingerprint,
-                  "max_abs_change": change, "load_s": round(time.perf_counter() - start, 3)}
+                  "node": _ray_node(), "sender_node": sender_node, "tensors": len(names), "missing": len(missing),
+                  "fingerprint": fingerprint, "max_abs_change": change, "load_s": round(time.perf_counter() - start, 3)}
         self.last_state = {k: v.detach().clone() for k, v in state.items() if k in self.expected}
         self.global_steps = global_steps
         self.pushes += 1
@@ -221,14 +229,20 @@ class HFRolloutServer:
 
 
 class HFReplica(RolloutReplica):
-    """One ``HFRolloutServer`` per replica, on the node of its training worker."""
+    """One ``HFRolloutServer`` per replica, on the node of its training worker (as verl's vLLM replica
+    places its servers: ``vllm_async_server.py``, ``launch_servers``), so a weight push stays on its node."""
 
     async def launch_servers(self) -> None:
         if self.world_size != 1:
             raise ValueError(f"the hf rollout serves one process per replica: set "
                              f"actor_rollout_ref.rollout.tensor_model_parallel_size=1 (world size is {self.world_size})")
+        placement = {}
+        if self.workers:  # hybrid (sync, colocate_async): the replica's training worker is known
+            node = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         server = ray.remote(hf_server_class(self.config)).options(
             name=SERVER_NAME.format(rank=self.replica_rank), max_concurrency=self.max_concurrency, num_cpus=0,
+            **placement,
         ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
         await server.stats.remote()  # wait until the model is loaded: errors surface here
         self.servers = [server]
@@ -274,4 +288,5 @@ class HFRolloutAdapter(BaseRollout):
             if hasattr(tensor, "full_tensor"):  # a DTensor: gather it
                 tensor = tensor.full_tensor()
             state[name] = tensor.detach().to("cpu", copy=True)
-        await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
+        await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"),
+                                                           sender_node=_ray_node())
