@@ -151,6 +151,7 @@ for mode in "${MODES[@]}"; do
   DEVICE=gpu PYTHON="$PY" MODEL_PATH="$MODEL_PATH" LOGGER='["console","file"]' \
     VERL_FILE_LOGGER_PATH="$run/metrics.jsonl" VERL_AGENTIC_WEIGHT_PUSH_LOG="$run/weight_pushes.jsonl" \
     bash "$ROOT/scripts/run_gsm8k_multiturn.sh" "${CHECK[@]}" > "$run/train.log" 2>&1 || rc=$?
+  echo "$rc" > "$run/exit_code"
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   echo "gpu_check: $mode exited $rc"

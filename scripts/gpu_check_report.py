@@ -213,9 +213,13 @@ def stop_token_ids(model: str, tokenizer) -> list[int]:
 def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list[int]) -> dict:
     """One run's figures and its failures (an empty list: it passed)."""
     metrics = read_metrics(run / "metrics.jsonl")
+    exit_file = run / "exit_code"  # the trainer's exit status, written by gpu_check.sh
+    exit_code = int(exit_file.read_text()) if exit_file.exists() else None
     finished = [s for s in range(1, steps + 1) if STEP_TIME_KEY in metrics.get(s, {})]
     failures = [f"step {s} did not finish (no {STEP_TIME_KEY} for it in metrics.jsonl)"
                 for s in range(1, steps + 1) if s not in finished]
+    if exit_code:
+        failures.append(f"the trainer exited {exit_code} (see train.log)")
 
     gaps = {s: metrics[s][GAP_KEY] for s in finished if metrics[s].get(GAP_VALID_KEY) == 1 and GAP_KEY in metrics[s]}
     failures += [f"step {s}: no rollout-vs-trainer gap ({GAP_KEY} missing or {GAP_VALID_KEY} != 1)"
@@ -235,7 +239,7 @@ def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list
 
     generated = sum(sum(t["response_mask"]) for t in episodes)
     gen_s = sum(metrics[s].get(GEN_TIME_KEY, 0.0) for s in finished)
-    return {"steps_expected": steps, "steps_finished": finished, "gap_key": GAP_KEY, "gap_by_step": gaps,
+    return {"exit_code": exit_code, "steps_expected": steps, "steps_finished": finished, "gap_key": GAP_KEY, "gap_by_step": gaps,
             "gap_max": max(gaps.values()) if gaps else None, "gap_bound": gap_bound,
             "generated_tokens": generated, "generation_s": gen_s,
             "rollout_tokens_per_s": generated / gen_s if gen_s > 0 else None,
@@ -285,6 +289,10 @@ def markdown(report: dict) -> str:
                      f"| {_fmt(r['peak_gpu_memory_gib'], '.1f')} | {_fmt(r['trainer_peak_reserved_gib'], '.1f')} |")
     failures = [f"- {name}: {f}" for name, r in report["runs"].items() for f in r["failures"]]
     lines += ["", "## Failures", "", *failures] if failures else ["", "All checks passed."]
+    lines += ["", f"rollout tok/s: generated tokens (loss mask 1) of the run's dumped training episodes over the sum of "
+              f"verl's {GEN_TIME_KEY}; gap: verl's {GAP_KEY}, mean |p_trainer - p_rollout| over response tokens, "
+              f"the largest of the steps; drift: verl_agentic's check_drift on every dumped episode; peak GPU: "
+              f"nvidia-smi's memory.used, all processes; trainer peak: verl's {ACTOR_MEMORY_KEY}."]
     return "\n".join(lines) + "\n"
 
 

@@ -45,7 +45,10 @@ def _fake_nvidia_smi(folder: Path, line: str) -> str:
     """A stand-in nvidia-smi printing a captured line (this machine has no GPU)."""
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / "nvidia-smi"
-    exe.write_text(f"#!/bin/sh\necho '{line}'\n")
+    exe.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                   "  *memory.used*) echo 30000; echo 41000 ;;\n"  # the sampler's query: MiB used, a sample a line
+                   "  *driver_version*) echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15' ;;\n"  # the environment's
+                   f"  *) echo '{line}' ;;\nesac\n")
     exe.chmod(0o755)
     return str(folder)
 
@@ -247,8 +250,83 @@ def test_report_fails_on_a_step_that_did_not_finish(check, tmp_path, episodes, t
 
 def test_report_fails_a_run_that_never_started(check, tmp_path, episodes, tiny_qwen_dir):
     _write_run(tmp_path / "sync", episodes)
+    (tmp_path / "sync" / "exit_code").write_text("0\n")
     (tmp_path / "colocate_async").mkdir()  # the trainer died before its first step: no metrics, no dump
+    (tmp_path / "colocate_async" / "exit_code").write_text("1\n")
     rc, report, _ = _report(check, tmp_path, tiny_qwen_dir)
     failures = report["runs"]["colocate_async"]["failures"]
-    assert rc == 1 and failures[:2] == [f"step {s} did not finish (no timing_s/step for it in metrics.jsonl)" for s in (1, 2)]
-    assert failures[2].startswith("no trajectories in rollouts/")
+    assert rc == 1 and report["runs"]["sync"]["failures"] == []
+    assert failures[:3] == [*(f"step {s} did not finish (no timing_s/step for it in metrics.jsonl)" for s in (1, 2)),
+                            "the trainer exited 1 (see train.log)"]
+    assert failures[3].startswith("no trajectories in rollouts/")
+
+
+def test_the_readmes_good_report_has_the_reports_columns(check):
+    """README.md shows a passing report: its lines are the ones markdown() writes."""
+    readme = (REPO / "README.md").read_text()
+    table_head = next(line for line in check.markdown({"environment": None, "model": "m", "passed": True, "runs": {}})
+                      .splitlines() if line.startswith("| run |"))
+    assert "# GPU check: PASSED" in readme and table_head in readme and "All checks passed." in readme
+
+
+# --------------------------------------------------------------------------------------------
+# the run path end to end, with stand-ins for the GPU and the trainer
+
+
+STAND_IN_TRAINER = '''
+import json, os, sys
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+out, steps = args["trainer.rollout_data_dir"], int(args["trainer.total_training_steps"])
+with open(os.environ["VERL_FILE_LOGGER_PATH"] + ".argv", "w") as f:
+    f.write("\\n".join(sys.argv[1:]))
+os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
+episodes = open(os.environ["STAND_IN_EPISODES"]).read().splitlines()
+for step in range(1, steps + 1 - (args["trainer.v1.trainer_mode"] == os.environ.get("STAND_IN_DIE_IN", ""))):
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
+        f.write(json.dumps({"step": step, "data": {"training/rollout_probs_diff_valid": 1,
+                "training/rollout_probs_diff_mean": 0.005, "timing_s/gen": 1.5, "timing_s/step": 9.0}}) + "\\n")
+    with open(os.path.join(out, "rollouts", f"step_{step - 1:06d}.jsonl"), "w") as f:
+        f.writelines(json.dumps({**json.loads(e), "step": step - 1}) + "\\n" for e in episodes)
+sys.exit(1 if args["trainer.v1.trainer_mode"] == os.environ.get("STAND_IN_DIE_IN", "") else 0)
+'''
+
+
+def _stand_in_venv(folder: Path) -> Path:
+    """GPU_CHECK_VENV whose python is this one, except that verl's trainer is STAND_IN_TRAINER."""
+    (folder / "bin").mkdir(parents=True)
+    (folder / "trainer.py").write_text(STAND_IN_TRAINER)
+    py = folder / "bin" / "python"
+    py.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = verl.trainer.main_ppo ]; then shift 2; '
+                  f'exec {sys.executable} {folder / "trainer.py"} "$@"; fi\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")  # the launch script's parquet files, made by the first run
+
+
+@pytest.mark.parametrize("die_in", ["", "colocate_async"])
+def test_the_run_path_writes_and_judges_the_report(die_in, tmp_path, episodes, tiny_qwen_dir, data_dir):
+    """Everything but the GPU and verl's trainer is real: the data, the launch script, the environment record,
+    the memory sampler, the report. A trainer dying after its first step fails the check."""
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    out = _run(path_dirs=(_fake_nvidia_smi(tmp_path / "bin", H100_LINE),), OUT=str(tmp_path / "out"),
+               GPU_CHECK_VENV=str(_stand_in_venv(tmp_path / "venv")), MODEL_PATH=str(tiny_qwen_dir),
+               DATA_DIR=str(data_dir), STAND_IN_EPISODES=str(tmp_path / "episodes.jsonl"),
+               STAND_IN_DIE_IN=die_in)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    argv = (tmp_path / "out" / "sync" / "metrics.jsonl.argv").read_text().splitlines()
+    assert f"actor_rollout_ref.model.path={tiny_qwen_dir}" in argv and "trainer.logger=[\"console\",\"file\"]" in argv
+    assert f"trainer.rollout_data_dir={tmp_path / 'out' / 'sync'}" in argv and "trainer.v1.trainer_mode=sync" in argv
+    assert report["environment"]["gpu"] == "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"
+    assert report["model"] == str(tiny_qwen_dir)
+    assert report["runs"]["sync"]["failures"] == [] and report["runs"]["sync"]["exit_code"] == 0
+    assert report["runs"]["sync"]["peak_gpu_memory_gib"] == pytest.approx(41000 / 1024)  # the sampler ran
+    if not die_in:
+        assert out.returncode == 0 and report["passed"], out.stdout[-3000:] + out.stderr[-3000:]
+        assert "# GPU check: PASSED" in out.stdout
+    else:
+        assert out.returncode == 1 and report["runs"]["colocate_async"]["failures"] == [
+            "step 2 did not finish (no timing_s/step for it in metrics.jsonl)", "the trainer exited 1 (see train.log)"]
