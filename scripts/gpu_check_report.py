@@ -176,16 +176,6 @@ def read_metrics(path: Path) -> dict[int, dict]:
     return steps
 
 
-def read_trajectories(run: Path) -> dict[int, list[dict]]:
-    """Our trajectory dump: {step: episodes} from ``rollouts/step_NNNNNN.jsonl``."""
-    from verl_agentic.inspect import load_run
-
-    by_step: dict[int, list[dict]] = {}
-    for t in load_run(run).trajectories:
-        by_step.setdefault(t["step"], []).append(t)
-    return by_step
-
-
 def peak_gpu_memory_gib(path: Path) -> Optional[float]:
     if not path.exists():
         return None
@@ -212,6 +202,9 @@ def stop_token_ids(model: str, tokenizer) -> list[int]:
 
 def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list[int]) -> dict:
     """One run's figures and its failures (an empty list: it passed)."""
+    from verl_agentic.inspect import load_run
+    from verl_agentic.rollout.trajectory import drift_summary
+
     metrics = read_metrics(run / "metrics.jsonl")
     exit_file = run / "exit_code"  # the trainer's exit status, written by gpu_check.sh
     exit_code = int(exit_file.read_text()) if exit_file.exists() else None
@@ -227,10 +220,11 @@ def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list
     failures += [f"step {s}: {GAP_KEY} = {g:.4g} is above the bound {gap_bound:g}"
                  for s, g in gaps.items() if not g <= gap_bound]  # NaN fails too
 
-    episodes = [t for ts in read_trajectories(run).values() for t in ts] if (run / "rollouts").is_dir() else []
+    # our trajectory dump (rollouts/step_NNNNNN.jsonl), every episode checked against the chat template
+    episodes = load_run(run).trajectories if (run / "rollouts").is_dir() else []
     if not episodes:
         failures.append("no trajectories in rollouts/ (trainer.rollout_data_dir): the drift check had nothing to check")
-    drift = drift_of(episodes, tokenizer, stops)
+    drift = drift_summary(episodes, tokenizer, {}, stops)
     bad = drift["episodes"] - drift["episodes_ok"]
     if bad:
         failures.append(f"drift: {bad} of {drift['episodes']} episodes are not token-exact "
@@ -239,20 +233,14 @@ def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list
 
     generated = sum(sum(t["response_mask"]) for t in episodes)
     gen_s = sum(metrics[s].get(GEN_TIME_KEY, 0.0) for s in finished)
-    return {"exit_code": exit_code, "steps_expected": steps, "steps_finished": finished, "gap_key": GAP_KEY, "gap_by_step": gaps,
-            "gap_max": max(gaps.values()) if gaps else None, "gap_bound": gap_bound,
+    trainer_peaks = [metrics[s][ACTOR_MEMORY_KEY] for s in finished if ACTOR_MEMORY_KEY in metrics[s]]
+    return {"exit_code": exit_code, "steps_expected": steps, "steps_finished": finished,
+            "gap_key": GAP_KEY, "gap_by_step": gaps, "gap_max": max(gaps.values()) if gaps else None, "gap_bound": gap_bound,
             "generated_tokens": generated, "generation_s": gen_s,
             "rollout_tokens_per_s": generated / gen_s if gen_s > 0 else None,
             "drift": drift, "peak_gpu_memory_gib": peak_gpu_memory_gib(run / "gpu_memory.csv"),
-            "trainer_peak_reserved_gib": max((metrics[s].get(ACTOR_MEMORY_KEY, 0.0) for s in finished), default=None),
+            "trainer_peak_reserved_gib": max(trainer_peaks, default=None),
             "failures": failures}
-
-
-def drift_of(trajectories: list[dict], tokenizer, stops: list[int]) -> dict:
-    """``drift_summary`` (verl_agentic.rollout.trajectory): every episode against the chat template."""
-    from verl_agentic.rollout.trajectory import drift_summary
-
-    return drift_summary(trajectories, tokenizer, {}, stops)
 
 
 def make_report(run_dir: Path, *, runs: list[str], model: str, steps: int, gap_bound: float) -> dict:

@@ -18,8 +18,8 @@ import pytest
 from va_testing import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-# the first line of `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` on an H100 SXM and
-# an A10G: captured lines, stand-ins for GPUs this machine does not have
+# `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` lines with the totals an H100 SXM and an
+# A10G report (written by hand in nvidia-smi's format, not captured here): stand-ins for GPUs this machine lacks
 H100_LINE = "NVIDIA H100 80GB HBM3, 81559"
 A10G_LINE = "NVIDIA A10G, 23028"
 
@@ -42,7 +42,7 @@ def _run(*args: str, path_dirs: tuple[str, ...] = (), **env: str) -> subprocess.
 
 
 def _fake_nvidia_smi(folder: Path, line: str) -> str:
-    """A stand-in nvidia-smi printing a captured line (this machine has no GPU)."""
+    """A stand-in nvidia-smi printing a given line (this machine has no GPU)."""
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / "nvidia-smi"
     exe.write_text("#!/bin/sh\ncase \"$*\" in\n"
@@ -128,7 +128,7 @@ def test_no_network_is_one_line_naming_the_way_out(tmp_path):
 
 
 def test_too_little_gpu_memory_is_one_line(check, tmp_path):
-    """A stand-in: a captured nvidia-smi line of a 24 GB GPU (this machine has no GPU)."""
+    """A stand-in: an nvidia-smi line of a 24 GB GPU (this machine has no GPU)."""
     with pytest.raises(check.BadInput, match=r"too little GPU memory: NVIDIA A10G has 22.5 GiB, the check needs 40 GiB"):
         check.gpu_from_nvidia_smi(A10G_LINE + "\n", 40)
     assert check.gpu_from_nvidia_smi(H100_LINE + "\n", 40) == ("NVIDIA H100 80GB HBM3", pytest.approx(79.65, abs=0.01))
