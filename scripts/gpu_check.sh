@@ -7,7 +7,8 @@
 #   scripts/gpu_check.sh --rollout sglang      # verl's SGLang rollout instead (verl[sglang]==0.9.1)
 #   scripts/gpu_check.sh --dry-run             # no GPU, no install: compose each run's exact configuration,
 #                                              #   validate it with verl's own config validation (our plugin
-#                                              #   loaded), print the commands, exit 0 when valid
+#                                              #   loaded), print the commands, exit 0 when valid,
+#                                              #   1 with verl's message when not
 #   GPU_CHECK_VENV=/opt/va-gpu scripts/gpu_check.sh   # an environment you made: skips the install
 #   scripts/gpu_check.sh [--dry-run] [extra hydra overrides...]   # appended to both runs (later ones win)
 #
