@@ -309,7 +309,8 @@ def test_launch_script_joins_a_running_cluster_with_the_workers_environment_in_r
 
     env = {**os.environ, "DEVICE": "cpu", "MODEL_PATH": "/models/m", "NNODES": "2", "RAY_ADDRESS": "10.0.0.1:6379",
            "OUT": "/runs/a", "OMP_NUM_THREADS": "3"}
-    out = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(["bash", str(SCRIPT), "--print-overrides"], capture_output=True, text=True, check=True,
+                         env=env)
     cfg = verl_config(*[line for line in out.stdout.splitlines() if line])
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     assert cfg.trainer.nnodes == 2 and cfg.trainer.n_gpus_per_node == 1

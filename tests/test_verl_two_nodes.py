@@ -12,6 +12,9 @@ on and the file its module was loaded from.
 
 Then the same run without the ``working_dir``: the workers cannot import the module, and the error names
 the module, the node and the runtime_env fix. About 3 minutes on 2 cores (marked ``slow``).
+
+Before anything starts, verl's trainer process warns when it joins a cluster with a task module found only
+through this machine's paths (``verl_plugin/cluster_imports.py``; the fast tests at the end).
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ import pytest
 
 from va_testing import REPO
 from va_user_tasks import user_env
-
-pytestmark = pytest.mark.slow  # verl's trainer on two Ray nodes: not in make test-fast
 
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 
@@ -106,17 +107,21 @@ def _project(root: Path) -> tuple[Path, Path, Path]:
     return project, data, log
 
 
-def _launch(address: str, root: Path, data: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """One GRPO step of 4 prompts x 2 on the cluster, the driver started from ``root`` (not the project)."""
+def _launch(address: str, model: str, root: Path, data: Path, out: Path,
+            *overrides: str) -> subprocess.CompletedProcess:
+    """One GRPO step of 4 prompts x 2 on the cluster, the driver started from ``root`` (not the project).
+    The model: a tiny random one with SmolLM2's tokenizer (what is tested is where things run; with the
+    real SmolLM2 each node's training worker and rollout server took the machine to 19 GB of 24)."""
     env = user_env(DEVICE="cpu", NNODES="2", RAY_ADDRESS=address, OUT=str(out), DATA_DIR=str(data),
-                   PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+                   MODEL_PATH=str(model), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         ["bash", str(SCRIPT), "+agentic.imports=[where_tasks]", *overrides, "agentic.max_new_tokens=16",
          "data.train_batch_size=4", "data.val_max_samples=4", "data.shuffle=false",
          "actor_rollout_ref.rollout.agent.num_workers=2",  # verl spreads agent-loop workers over the nodes
-         # no reference model: each node's training worker (4-5 GB) and rollout server (3 GB) are enough to
-         # take the machine to 19 GB of 24 with it
-         "actor_rollout_ref.actor.use_kl_loss=false",
+         "actor_rollout_ref.actor.use_kl_loss=false",  # no reference model
+         # an entropy bonus moves the weights even when a group's rewards tie: the push after the update
+         # must show a change on both nodes
+         "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.entropy_coeff=0.01",
          "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
          "trainer.save_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -132,13 +137,15 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # verl's trainer on two Ray nodes: not in make test-fast
 @pytest.mark.timeout(1800)
-def test_a_step_on_two_nodes_with_the_task_module_shipped_by_runtime_env(cluster, tmp_path):
+def test_a_step_on_two_nodes_with_the_task_module_shipped_by_runtime_env(cluster, tiny_smol_dir, tmp_path):
     nodes = _node_ids(cluster.address)
     assert len(nodes) == 2
     project, data, log = _project(tmp_path)
     out = tmp_path / "run"
-    proc = _launch(cluster.address, tmp_path, data, out, f"+ray_kwargs.ray_init.runtime_env.working_dir={project}")
+    proc = _launch(cluster.address, tiny_smol_dir, tmp_path, data, out,
+                   f"+ray_kwargs.ray_init.runtime_env.working_dir={project}")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
     # the step finished and trained
@@ -166,12 +173,49 @@ def test_a_step_on_two_nodes_with_the_task_module_shipped_by_runtime_env(cluster
     assert len(episodes) == 8 and {e["task_type"] for e in episodes} == {"where_task"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_task_module_missing_on_the_nodes_is_one_error_naming_it_and_the_fix(cluster, tmp_path):
+def test_a_task_module_missing_on_the_nodes_is_one_error_naming_it_and_the_fix(cluster, tiny_smol_dir, tmp_path):
     _, data, _ = _project(tmp_path)
-    proc = _launch(cluster.address, tmp_path, data, tmp_path / "run")
+    proc = _launch(cluster.address, tiny_smol_dir, tmp_path, data, tmp_path / "run")
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     message = "agentic.imports: cannot import 'where_tasks' (on Ray node "
     assert message in output, output[-6000:]
     assert "+ray_kwargs.ray_init.runtime_env.working_dir=<the folder>" in output
+
+
+# --------------------------------------------------------------------------------------------
+# the warning at the start (verl_plugin/cluster_imports.py)
+
+
+def test_joining_a_cluster_with_a_module_found_only_here_warns_with_the_override_that_ships_it(tmp_path, monkeypatch):
+    from verl_agentic.verl_plugin.cluster_imports import unshipped_imports
+
+    project, _, _ = _project(tmp_path)
+    monkeypatch.syspath_prepend(str(project))  # as the driver's working directory would put it
+    argv = ["+agentic.imports=[where_tasks, json]", "trainer.nnodes=2"]
+    [line] = unshipped_imports(argv, {"RAY_ADDRESS": "10.0.0.1:6379"})  # json: the standard library
+    assert "'where_tasks' is found here at " + str(project / "where_tasks.py") in line
+    assert line.endswith(f"+ray_kwargs.ray_init.runtime_env.working_dir={project}")
+    # shipped, or not joining a cluster (verl starts Ray here: its workers find what the driver finds)
+    assert unshipped_imports([*argv, f"+ray_kwargs.ray_init.runtime_env.working_dir={project}"],
+                             {"RAY_ADDRESS": "10.0.0.1:6379"}) == []
+    assert unshipped_imports(argv, {}) == []
+    # an installed package (this one, editable) and a name that is not found at all: no warning here
+    assert unshipped_imports(["+agentic.imports=[verl_agentic.tasks, no_such_module_x]"],
+                             {"RAY_ADDRESS": "auto"}) == []
+
+
+def test_the_warning_is_printed_only_in_verls_trainer_process(tmp_path, monkeypatch, capsys):
+    from verl_agentic.verl_plugin.cluster_imports import warn_unshipped_imports
+
+    project, _, _ = _project(tmp_path)
+    monkeypatch.syspath_prepend(str(project))
+    env = {"RAY_ADDRESS": "auto"}
+    warn_unshipped_imports(["/opt/venv/lib/python3.11/site-packages/verl/trainer/main_ppo.py",
+                            "+agentic.imports=[where_tasks]"], env)
+    assert capsys.readouterr().err.startswith("[verl-agentic] WARNING agentic.imports: 'where_tasks' is found")
+    warn_unshipped_imports(["/usr/lib/python3/site-packages/ray/_private/workers/default_worker.py",
+                            "+agentic.imports=[where_tasks]"], env)  # a Ray worker: nothing
+    assert capsys.readouterr().err == ""

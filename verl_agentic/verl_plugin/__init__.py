@@ -33,7 +33,8 @@ that process. Besides the registrations above:
   everywhere).
 
 In verl's trainer process it first checks the command line for verl <= 0.7 keys that verl 0.9.1 no
-longer has (``verl_plugin/removed_keys.py``) and stops with their replacements.
+longer has (``verl_plugin/removed_keys.py``) and stops with their replacements, and warns when a run joins a
+Ray cluster with task modules that only this machine has (``verl_plugin/cluster_imports.py``).
 
 Keep this module small: it runs in every process that imports verl.
 """
@@ -41,6 +42,10 @@ Keep this module small: it runs in every process that imports verl.
 from verl_agentic.verl_plugin import removed_keys as _removed_keys
 
 _removed_keys.check_command_line()  # verl 0.7's keys that 0.9.1 lacks: their replacement, not hydra's "not in struct"
+
+from verl_agentic.verl_plugin import cluster_imports as _cluster_imports  # noqa: E402
+
+_cluster_imports.warn_unshipped_imports()  # RAY_ADDRESS with +agentic.imports found here only: ship them
 
 from verl_agentic.verl_plugin import upstream as _upstream  # noqa: E402
 

@@ -31,7 +31,7 @@ def removed_key_messages(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _is_verl_trainer(argv0: str) -> bool:
+def is_verl_trainer(argv0: str) -> bool:
     # `python -m verl.trainer.main_ppo` imports verl while locating the module: sys.argv[0] is still "-m"
     # then, and the module's name is only in the interpreter's own command line
     orig = list(getattr(sys, "orig_argv", ()))
@@ -44,7 +44,7 @@ def check_command_line(argv: Optional[Sequence[str]] = None) -> None:
     """In verl's trainer (``python -m verl.trainer.main_ppo ...``): stop with the replacements of the
     removed keys on its command line. Any other program (a Ray worker, a user's script) is left alone."""
     argv = list(sys.argv if argv is None else argv)
-    if not argv or not _is_verl_trainer(argv[0]):
+    if not argv or not is_verl_trainer(argv[0]):
         return
     messages = removed_key_messages(argv[1:])
     if messages:
