@@ -20,10 +20,20 @@ from verl.tools.function_tool import get_function_tool
 
 TOOL_MODULE = "va_verl_lookup_tool"
 TOOL_MODULE_SOURCE = '''
+import json
+
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import ToolResponse
 
 EVENTS = []  # (method, instance_id, what it got), in call order
+
+
+def _event(tool, *event):
+    """Record a call: in EVENTS, and as a JSON line in config's events_file (set: another process runs it)."""
+    EVENTS.append(event)
+    if tool.config.get("events_file"):
+        with open(tool.config["events_file"], "a") as f:
+            f.write(json.dumps(event) + "\\n")
 
 
 class LookupTool(BaseTool):
@@ -35,12 +45,12 @@ class LookupTool(BaseTool):
 
     async def create(self, instance_id=None, **create_kwargs):
         instance_id, response = await super().create(instance_id)
-        EVENTS.append(("create", instance_id, create_kwargs))
+        _event(self, "create", instance_id, create_kwargs)
         self.secrets[instance_id] = create_kwargs["secret"]
         return instance_id, response
 
     async def execute(self, instance_id, parameters, **kwargs):
-        EVENTS.append(("execute", instance_id, parameters))
+        _event(self, "execute", instance_id, parameters)
         if parameters["key"] == "picture":
             return ToolResponse(text="a cat", image=["<an image>"]), 0.0, {}
         if parameters["key"] == "boom":
@@ -48,11 +58,11 @@ class LookupTool(BaseTool):
         return ToolResponse(text=f"{self.config['prefix']}{self.secrets[instance_id]}"), 0.25, {"hits": 1}
 
     async def calc_reward(self, instance_id, **kwargs):
-        EVENTS.append(("calc_reward", instance_id, None))
+        _event(self, "calc_reward", instance_id, None)
         return 0.5
 
     async def release(self, instance_id, **kwargs):
-        EVENTS.append(("release", instance_id, None))
+        _event(self, "release", instance_id, None)
         del self.secrets[instance_id]
 
 
@@ -99,15 +109,21 @@ SCRIPT = [
 SECRETS = ["s-zero", "s-one"]
 
 
+def write_tool_files(root: Path, events_file: str = "") -> None:
+    """The tool's module, its YAML (the tool logs its calls to ``events_file`` when set) and the function file."""
+    (root / f"{TOOL_MODULE}.py").write_text(TOOL_MODULE_SOURCE)
+    config = f'{{type: native, prefix: "secret=", events_file: "{events_file}"}}'
+    (root / "tools.yaml").write_text(TOOLS_YAML.replace('{type: native, prefix: "secret="}', config))
+    (root / "functions.py").write_text(FUNCTIONS_SOURCE)
+
+
 @functools.lru_cache(maxsize=None)
 def verl_tool_files() -> Path:
     """The YAML, the function file and the tool's module (put on sys.path), written once per process:
     verl's function-tool registry is global and refuses a second function of the same name."""
     root = Path(tempfile.mkdtemp(prefix="va_verl_tools_"))
     atexit.register(shutil.rmtree, root, True)
-    (root / f"{TOOL_MODULE}.py").write_text(TOOL_MODULE_SOURCE)
-    (root / "tools.yaml").write_text(TOOLS_YAML)
-    (root / "functions.py").write_text(FUNCTIONS_SOURCE)
+    write_tool_files(root)
     sys.path.insert(0, str(root))
     return root
 
