@@ -107,6 +107,16 @@ def test_the_task_config_checks_the_files_before_any_model_loads(tmp_path):
     assert cfg.tool_agent_config() is not None
 
 
+def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
+    from verl_agentic.rollout.task_spec import TASKS
+    from verl_agentic.verl_plugin.agent_loop import _check_task_config
+
+    with pytest.raises(ConfigError, match=r"agentic.task.dr: unknown task.dr keys \['tool_config_path'\].*\("
+                                          r"tool_config_path: from verl's actor_rollout_ref.rollout.multi_turn keys; "
+                                          r"only tasks with tools take them"):
+        _check_task_config("dr", TASKS.get("dr"), {"index": "x.db", "tool_config_path": "tools.yaml"})
+
+
 @pytest.mark.slow
 def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path):
     """verl's trainer on the CPU (``DEVICE=cpu scripts/run_gsm8k_multiturn.sh``: Ray, FSDP2, our ``hf``
