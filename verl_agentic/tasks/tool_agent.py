@@ -68,8 +68,8 @@ class ToolAgentConfig:
     parse_feedback: Optional[str] = None
     max_consecutive_invalid_tool_calls: Optional[int] = None
 
-    KEYS = ("tools", "tool_config_path", "function_tool_path", "interaction", "parser", "call_timeout_s", "max_calls_per_turn", "parse_feedback",
-            "max_consecutive_invalid_tool_calls")
+    KEYS = ("tools", "tool_config_path", "function_tool_path", "interaction", "parser", "call_timeout_s",
+            "max_calls_per_turn", "parse_feedback", "max_consecutive_invalid_tool_calls")
 
     @classmethod
     def from_dict(cls, d: dict, section: str = "task.tool_agent") -> "ToolAgentConfig":

@@ -73,10 +73,9 @@ class Gsm8kConfig:
         check_keys(d, sorted(own | set(ToolAgentConfig.KEYS)), "task.gsm8k")
         d = {k: v for k, v in d.items() if not (k in ("retry_message", "verify_message") and v is None)}  # null: default
         agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
-        if any(agent.get(k) is not None for k in ("tools", "tool_config_path", "function_tool_path", "interaction")):
+        agent_cfg = ToolAgentConfig(**agent)
+        if agent_cfg.has_tools() or agent_cfg.interaction is not None:
             agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now
-        else:
-            agent_cfg = ToolAgentConfig(**agent)
         cfg = cls(**{k: v for k, v in d.items() if k in own}, agent=agent_cfg)
         if cfg.feedback not in FEEDBACK_POLICIES:
             raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
