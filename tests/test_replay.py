@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 
 from va_sandbox import SandboxServerProcess
-from va_testing import QWEN25_DIR, REPO
-from verl_agentic.backends.base import GenerationBackend
-from verl_agentic.interfaces import EpisodeResult, EpisodeState, GenOutput, Observation
+from va_testing import QWEN25_DIR, REPO, ScriptedPolicy
+from verl_agentic.interfaces import EpisodeResult, EpisodeState, Observation
 from verl_agentic.record import RecordingError, RecordingWriter, Tape, door, using
 from verl_agentic.replay import replay_run
 from verl_agentic.rollout import AsyncRollout, RolloutConfig
@@ -47,32 +46,6 @@ def _lines(path: Path) -> list[dict]:
 
 def _recording(run_dir: Path) -> dict[tuple[int, int], dict]:
     return {(r["index"], r["sample_id"]): r for r in _lines(run_dir / "recording.jsonl")}
-
-
-class ScriptedPolicy(GenerationBackend):
-    """TEST DOUBLE for the model: the reply of assistant turn t is ``replies[t]`` (tokenized with the
-    real tokenizer, ending with ``<|im_end|>``, logprob -0.5 each); ``replies`` may be a dict keyed by a
-    regex group of the prompt (``key``), one script per instance."""
-
-    def __init__(self, tokenizer, replies, key: str | None = None):
-        self.tokenizer = tokenizer
-        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.stop_token_ids = [self.end_id]
-        self.replies, self.key = replies, key
-        self.requests = 0
-
-    async def generate(self, prompt_ids, sampling):
-        self.requests += 1
-        context = self.tokenizer.decode(prompt_ids)
-        turn = context.count("<|im_start|>assistant") - 1
-        script = self.replies[re.search(self.key, context).group(1)] if self.key else self.replies
-        ids = self.tokenizer.encode(script[min(turn, len(script) - 1)], add_special_tokens=False) + [self.end_id]
-        ids = ids[: sampling.max_new_tokens]
-        return GenOutput(ids, [-0.5] * len(ids), self.tokenizer.decode(ids),
-                         "stop" if ids[-1] == self.end_id else "length")
-
-    def stats(self):
-        return {"requests": self.requests}
 
 
 # --- gsm8k with feedback: the recording, and its replay ---------------------------------------------------

@@ -71,7 +71,7 @@ async def test_runner_runs_calls_concurrently_and_reports_every_failure_kind():
     assert "timed out after 1.0 s" in contents[4]
     assert "missing required arguments ['seconds']" in contents[5]
     assert "could not be parsed" in contents[6]
-    assert turn.info() == {"tool_calls": [{"name": "sleepy", "status": "ok"}] * 2 + [
+    assert turn.info() == {"tool_calls": [{"name": "sleepy", "status": "ok", "reward": 0.25}] * 2 + [
         {"name": "broken", "status": "error"}, {"name": "nope", "status": "error"},
         {"name": "sleepy", "status": "timeout"}, {"name": "sleepy", "status": "error"}], "parse_errors": 1,
         "invalid_calls": 2}  # 'nope' and the unparseable call

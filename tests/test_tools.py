@@ -67,13 +67,13 @@ def test_yaml_tools_and_errors(tmp_path):
         path.write_text("tools:\n  - class_name: test_echo_tool\n    config: {prefix: '> '}\n")
         (t,) = load_tools(str(path))
         assert t.name == "echo" and asyncio.run(t.execute("i", {"text": "hi"})).text == "> hi"
-        with pytest.raises(ConfigError, match="duplicate tool names \\['echo'\\]"):
+        with pytest.raises(ConfigError, match="tool name 'echo' is declared twice: by tools\\[0\\] .* and by tools\\[1\\]"):
             load_tools(["test_echo_tool", "test_echo_tool"])
         with pytest.raises(ConfigError, match="unknown tool class 'nope'; registered: .*test_echo_tool"):
             load_tools(["nope"])
         with pytest.raises(ConfigError, match="cannot be imported"):
             load_tools([{"class_name": "no.such.Tool"}])
-        with pytest.raises(ConfigError, match="tools\\[0\\]: .*function.name"):
+        with pytest.raises(ConfigError, match="tools\\[0\\] \\(class_name test_echo_tool\\): .*function.name"):
             load_tools([{"class_name": "test_echo_tool", "tool_schema": {"type": "function", "function": {}}}])
         with pytest.raises(ConfigError, match="does not exist"):
             load_tools(str(tmp_path / "none.yaml"))

@@ -468,6 +468,34 @@ def test_invalid_tool_call_policy_through_verl(smol_dir, tmp_path):
         assert info["invalid_tool_call_stop"] == 1.0 and info["invalid_tool_calls"] == 2.0 and info["episode_error"] == 1.0
 
 
+def test_task_agent_reads_verls_tool_keys(tiny_qwen_dir, tmp_path):
+    """verl's own keys, ``rollout.multi_turn.tool_config_path`` and ``function_tool_path`` (read by verl's
+    AgentLoopWorker too): the task_agent loop gives them to the task, which runs verl's tools per episode
+    with the row's create_kwargs (tests/va_verl_tools.py; main_rollout's path: tests/test_verl_tools.py)."""
+    import pandas as pd
+
+    from va_testing import ScriptedPolicy
+    from va_verl_tools import SCRIPT, check_episode, tool_events, verl_rows, verl_tool_files
+
+    events = tool_events()
+    verl_rows(tmp_path / "rows.jsonl")
+    pd.read_json(tmp_path / "rows.jsonl", lines=True).to_parquet(tmp_path / "rows.parquet")
+    cfg = agent_config(tiny_qwen_dir, "+agentic.task_type=tool_agent", "+agentic.max_turns=4",
+                       "+agentic.max_new_tokens=96",
+                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={verl_tool_files() / 'tools.yaml'}",
+                       f"actor_rollout_ref.rollout.multi_turn.function_tool_path={verl_tool_files() / 'functions.py'}",
+                       prompt_length=512, response_length=512)
+    tokenizer = tokenizer_of(tiny_qwen_dir)
+    worker = AgentLoopWorker(cfg, llm_client=BackendLLMClient(ScriptedPolicy(tokenizer, SCRIPT), 512))
+    out = generate(worker, dataset_batch(worker, cfg, tmp_path / "rows.parquet", rows=2, n=1))
+    for i, traj in enumerate(trajectories_from_batch(out)):
+        agentic = out.non_tensor_batch[AGENTIC_FIELD][i]
+        assert agentic["error"] is None and agentic["num_assistant_turns"] == 4, agentic["error"]
+        check_episode({**traj, "metrics": agentic["metrics"], "index": int(agentic["extra_info"]["index"])},
+                      tokenizer, events)
+        assert list(out.non_tensor_batch["tool_rewards"][i]) == [0.25, 1.0, 0.0, 0.0]  # per call, as verl's loop
+
+
 # --------------------------------------------------------------------------------------------
 # budgets, errors and settings
 

@@ -10,6 +10,10 @@ Config (``task.tool_agent.*``; the gsm8k task accepts the same keys to add tools
 
 - ``tools``: a tools YAML path, or the list ``[{class_name, config?, tool_schema?}, ...]`` or
   names (``[python, calculator]``); see ``verl_agentic.tools.registry``.
+- ``tool_config_path``, ``function_tool_path``: verl's tool files, unchanged (a YAML of verl
+  ``BaseTool`` subclasses; a Python file of ``@function_tool`` functions; ``tools/verl_tools.py``),
+  besides ``tools``. Inside verl's trainer, ``task_agent`` fills them from verl's own keys
+  ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path``.
 - ``interaction``: an interaction YAML path, the list ``[{name?, class_name, config?}]``, or
   one class name (``code_verify``); see ``verl_agentic.interactions.registry``.
 - ``parser`` (hermes | json | react | openai), ``call_timeout_s``, ``max_calls_per_turn``,
@@ -55,6 +59,8 @@ from verl_agentic.tools.runner import ToolRunner, invalid_call_limit
 @dataclass
 class ToolAgentConfig:
     tools: Any = None
+    tool_config_path: Optional[str] = None
+    function_tool_path: Optional[str] = None
     interaction: Any = None
     parser: str = "hermes"
     call_timeout_s: Optional[float] = 30.0
@@ -62,8 +68,8 @@ class ToolAgentConfig:
     parse_feedback: Optional[str] = None
     max_consecutive_invalid_tool_calls: Optional[int] = None
 
-    KEYS = ("tools", "interaction", "parser", "call_timeout_s", "max_calls_per_turn", "parse_feedback",
-            "max_consecutive_invalid_tool_calls")
+    KEYS = ("tools", "tool_config_path", "function_tool_path", "interaction", "parser", "call_timeout_s",
+            "max_calls_per_turn", "parse_feedback", "max_consecutive_invalid_tool_calls")
 
     @classmethod
     def from_dict(cls, d: dict, section: str = "task.tool_agent") -> "ToolAgentConfig":
@@ -72,6 +78,9 @@ class ToolAgentConfig:
         invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, None, section)  # checks the value
         _components(cfg.key())  # load (and cache) tools, parser and interactions: config errors surface now
         return cfg
+
+    def has_tools(self) -> bool:
+        return any(v is not None for v in (self.tools, self.tool_config_path, self.function_tool_path))
 
     def key(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.KEYS}, sort_keys=True, default=str)
@@ -82,7 +91,8 @@ def _components(key: str) -> tuple:
     """Tools, parser and interactions for a config, built once per process (instances are per episode)."""
 
     d = json.loads(key)
-    return load_tools(d["tools"]), get_parser(d["parser"]), load_interactions(d["interaction"])
+    tools = load_tools(d["tools"], tool_config_path=d["tool_config_path"], function_tool_path=d["function_tool_path"])
+    return tools, get_parser(d["parser"]), load_interactions(d["interaction"])
 
 
 @dataclass

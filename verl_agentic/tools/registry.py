@@ -1,7 +1,8 @@
 """Tool registry: tool classes by name, tools from YAML, and tools from plain Python functions.
 
-YAML (the format verl's older tool configs used; ``class_name`` is a registered name such as
-``python`` / ``calculator`` or a dotted import path)::
+YAML (the format of verl's ``tool_config_path``; ``class_name`` is a registered name such as
+``python`` / ``calculator`` or the dotted import path of a ``BaseTool`` subclass, ours or verl's:
+``tools/verl_tools.py`` wraps verl's)::
 
     tools:
       - class_name: python
@@ -35,6 +36,7 @@ from typing import Any, Callable, Optional, Union
 from verl_agentic.interfaces import ConfigError
 from verl_agentic.registry import Registry
 from verl_agentic.tools.base import BaseTool, ToolResult
+from verl_agentic.tools.verl_tools import build_verl_tool, is_verl_tool_class, load_function_tools
 
 TOOL_CLASSES: Registry[type] = Registry("tool class", "verl_agentic.tools")
 FUNCTION_TOOLS: Registry["FunctionTool"] = Registry("function tool")
@@ -138,47 +140,71 @@ def tool(fn: Optional[Callable] = None, *, name: Optional[str] = None, descripti
     return decorator(fn) if fn is not None else decorator
 
 
-def load_tools(config: Union[str, Path, dict, list, None]) -> list[BaseTool]:
-    """Tools from a YAML file path, a ``{"tools": [...]}`` dict or the list itself.
+def load_tools(config: Union[str, Path, dict, list, None], *, tool_config_path: Union[str, Path, None] = None,
+               function_tool_path: Union[str, Path, None] = None) -> list[BaseTool]:
+    """Tools from ``config`` (a YAML file path, a ``{"tools": [...]}`` dict or the list itself), verl's
+    ``tool_config_path`` (a YAML file of the same format) and verl's ``function_tool_path`` (a Python file
+    of ``@function_tool`` functions; ``tools/verl_tools.py``).
 
-    Each entry: ``{class_name, config?, tool_schema?}``, or ``{function: name}`` for a function
-    registered with ``@tool``. Tool names must be unique.
+    Each entry: ``{class_name, config?, tool_schema?}`` (the class ours or verl's), or
+    ``{function: name}`` for a function registered with ``@tool``. Tool names must be unique across all
+    three: a clash is a ``ConfigError`` naming both declarations.
     """
+    declared = _tools_from_entries(config) + _tools_from_entries(tool_config_path)
+    if function_tool_path is not None:
+        declared += [(t, t.source) for t in load_function_tools(function_tool_path)]
+    first: dict[str, str] = {}
+    for t, where in declared:
+        if t.name in first:
+            raise ConfigError(f"tool name {t.name!r} is declared twice: by {first[t.name]} and by {where}; fix: "
+                              "rename one (tool_schema.function.name in a YAML, @function_tool(\"new_name\") or "
+                              "@tool(name=...) for a function)")
+        first[t.name] = where
+    return [t for t, _ in declared]
+
+
+def _tools_from_entries(config: Union[str, Path, dict, list, None]) -> list[tuple[BaseTool, str]]:
+    """(tool, where it is declared) for each entry of a tools YAML file, dict or list."""
     if config is None:
         return []
+    prefix = ""
     if isinstance(config, (str, Path)):
         import yaml
 
         path = Path(config)
         if not path.exists():
             raise ConfigError(f"tools config '{path}' does not exist")
-        config = yaml.safe_load(path.read_text()) or {}
+        config, prefix = yaml.safe_load(path.read_text()) or {}, f"{path}: "
     entries = config.get("tools", []) if isinstance(config, dict) else config
     if not isinstance(entries, list):
-        raise ConfigError(f"tools config: 'tools' must be a list, got {type(entries).__name__}")
-    tools: list[BaseTool] = []
-    for i, entry in enumerate(entries):
-        where = f"tools[{i}]"
-        if isinstance(entry, str):
-            entry = {"class_name": entry}
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
-        if "function" in entry:
-            tools.append(FUNCTION_TOOLS[entry["function"]])
-            continue
-        unknown = set(entry) - {"class_name", "config", "tool_schema"}
-        if unknown or "class_name" not in entry:
-            raise ConfigError(f"{where}: needs 'class_name' (and optional 'config', 'tool_schema'); "
-                              f"unknown keys {sorted(unknown)}" if unknown else f"{where}: needs 'class_name'")
-        cls = TOOL_CLASSES.get_or_import(entry["class_name"])
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise ConfigError(f"{where}: {entry['class_name']!r} is not a BaseTool subclass")
-        try:
-            tools.append(cls(config=entry.get("config") or {}, tool_schema=entry.get("tool_schema")))
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from e
-    names = [t.name for t in tools]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"tools config: duplicate tool names {dup}")
-    return tools
+        raise ConfigError(f"{prefix or 'tools config: '}'tools' must be a list, got {type(entries).__name__}")
+    return [_tool_from_entry(entry, f"{prefix}tools[{i}]") for i, entry in enumerate(entries)]
+
+
+def _tool_from_entry(entry: Any, where: str) -> tuple[BaseTool, str]:
+    if isinstance(entry, str):
+        entry = {"class_name": entry}
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    if "function" in entry:
+        return FUNCTION_TOOLS[entry["function"]], f"{where} (function {entry['function']})"
+    unknown = set(entry) - {"class_name", "config", "tool_schema"}
+    if unknown or "class_name" not in entry:
+        raise ConfigError(f"{where}: needs 'class_name' (and optional 'config', 'tool_schema'); "
+                          f"unknown keys {sorted(unknown)}" if unknown else f"{where}: needs 'class_name'")
+    name = entry["class_name"]
+    where = f"{where} (class_name {name})"
+    try:
+        cls = TOOL_CLASSES.get_or_import(name)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}; fix: a registered tool name or the dotted import path of a "
+                          "BaseTool subclass (ours or verl's), importable in this environment") from None
+    if is_verl_tool_class(cls):
+        return build_verl_tool(cls, entry.get("config"), entry.get("tool_schema"), where), where
+    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+        raise ConfigError(f"{where}: {name!r} is neither a verl_agentic.tools.BaseTool nor a "
+                          "verl.tools.base_tool.BaseTool subclass; fix: subclass one of them")
+    try:
+        return cls(config=entry.get("config") or {}, tool_schema=entry.get("tool_schema")), where
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e

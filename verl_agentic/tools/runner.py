@@ -58,11 +58,13 @@ class TurnResult:
         return bool(self.calls) or bool(self.parse_errors)
 
     def info(self) -> dict[str, Any]:
-        """This turn's tool facts for ``Observation.info``: each run call's name and status
-        (``ok`` | ``error`` | ``timeout``) and the count of unparseable calls; empty without calls."""
+        """This turn's tool facts for ``Observation.info``: each run call's name, status
+        (``ok`` | ``error`` | ``timeout``) and step reward (when not 0), and the count of unparseable
+        calls; empty without calls."""
         out: dict[str, Any] = {}
         if self.calls:
-            out["tool_calls"] = [{"name": c.name, "status": r.status} for c, r in zip(self.calls, self.results)]
+            out["tool_calls"] = [{"name": c.name, "status": r.status, **({"reward": r.reward} if r.reward else {})}
+                                 for c, r in zip(self.calls, self.results)]
         if self.parse_errors:
             out["parse_errors"] = len(self.parse_errors)
         if self.invalid:

@@ -68,8 +68,12 @@ schema (token ids as generated, ``response_mask``, logprobs, turns, messages), t
 ``trainer.validation_data_dir`` when set), so ``python -m verl_agentic.inspect <rollout_data_dir>``
 reads a verl run (see ``TaskAgentLoop._dump``).
 
-verl's own tools (``rollout.multi_turn.tool_config_path``) are not used by ``task_agent``: give
-tools to the task (``+agentic.task.gsm8k.tools=<tools YAML or names>``); a warning says so once.
+verl's tools: ``rollout.multi_turn.tool_config_path`` (a YAML of verl ``BaseTool`` subclasses) and
+``rollout.multi_turn.function_tool_path`` (a file of ``@function_tool`` functions), the keys of verl's
+``tool_agent``, become the task's ``tool_config_path`` / ``function_tool_path`` (``tasks/tool_agent.py``;
+a task's own ``agentic.task.<name>`` key wins), resolved as verl resolves them. The tasks with tools
+(``tool_agent``, ``gsm8k``) take them; any other task refuses them by name. Each tool's per-call
+reward is the sample's ``tool_rewards`` (verl's column); see docs/tools-and-interactions.md.
 """
 
 from __future__ import annotations
@@ -82,11 +86,11 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils.import_utils import resolve_config_path
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_agentic.interfaces import (
@@ -109,6 +113,7 @@ from verl_agentic.verl_plugin.convert import plain, to_agent_loop_output
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TURNS = 3
+VERL_TOOL_KEYS = ("tool_config_path", "function_tool_path")  # verl's rollout.multi_turn keys, the tasks' keys
 
 __all__ = ["TaskAgentLoop", "TaskAgentSettings", "TaskAgentError"]
 
@@ -186,11 +191,10 @@ class TaskAgentSettings:
 
 
 # --------------------------------------------------------------------------------------------
-# once per process: task config checks, the model's stop ids, the verl-tools warning
+# once per process: task config checks, the model's stop ids
 
 _CHECKED: set[str] = set()
 _CHECKED_LOCK = threading.Lock()
-_WARNED_VERL_TOOLS = False
 _KEPT_ERRORS = 0  # episodes that ended with an error and were kept (logged sparsely)
 _RECORDERS = RecordingWriters(max_open=8)  # agentic.record: a writer per recordings folder, per process
 
@@ -205,7 +209,10 @@ def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
     try:
         spec.check_config(dict(task_config))
     except ConfigError as e:
-        raise ConfigError(f"agentic.task.{name}: {e}") from None
+        verl_keys = [k for k in VERL_TOOL_KEYS if k in str(e)]
+        hint = (f" ({' / '.join(verl_keys)}: from verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with "
+                "tools take them, e.g. tool_agent and gsm8k: unset them or pick such a task)") if verl_keys else ""
+        raise ConfigError(f"agentic.task.{name}: {e}{hint}") from None
     with _CHECKED_LOCK:
         _CHECKED.add(key)
 
@@ -232,16 +239,6 @@ def model_stop_token_ids(model_config: Any, tokenizer: Any) -> list[int]:
         raise ConfigError(f"model {path!r}: no EOS token id in its generation config, config or tokenizer; "
                           "the task_agent loop cannot tell where a turn ends")
     return list(dict.fromkeys(ids))
-
-
-def _warn_verl_tools_once(tools: Any) -> None:
-    global _WARNED_VERL_TOOLS
-    if tools is not None and getattr(tools, "tools", None) and not _WARNED_VERL_TOOLS:
-        _WARNED_VERL_TOOLS = True
-        names = [getattr(t, "name", type(t).__name__) for t in tools.tools]
-        warnings.warn(f"verl tools {names} (actor_rollout_ref.rollout.multi_turn.tool_config_path) are not used by "
-                      "the task_agent loop; give tools to the task instead, e.g. +agentic.task.gsm8k.tools=<tools "
-                      "YAML or names> (the YAML format is verl's)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,7 +324,8 @@ class TaskAgentLoop(AgentLoopBase):
                               "trajectory dump (<rollout_data_dir>/recordings/step_NNNNNN/)")
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
-        _warn_verl_tools_once(tools)
+        # ``tools``: verl's worker loaded them from rollout.multi_turn; the task loads the same files
+        # itself (``_task_config``) and runs them per episode through our ToolRunner
 
     # -- the row --------------------------------------------------------------------------
     @staticmethod
@@ -357,8 +355,19 @@ class TaskAgentLoop(AgentLoopBase):
             spec = TASKS.get(str(name))
         except ConfigError as e:
             raise ConfigError(f"{self._describe(kwargs)}: {e}") from None
-        _check_task_config(str(name), spec, self.settings.task.get(str(name), {}))
+        _check_task_config(str(name), spec, self._task_config(str(name)))
         return str(name), spec
+
+    def _task_config(self, name: str) -> dict:
+        """The task's ``agentic.task.<name>`` section, with verl's tool keys (``rollout.multi_turn.
+        tool_config_path`` / ``function_tool_path``) as its ``tool_config_path`` / ``function_tool_path``
+        where the section has none (see the module docstring)."""
+        config = dict(self.settings.task.get(name, {}))
+        multi_turn = self.rollout_config.get("multi_turn") or {}
+        for key in VERL_TOOL_KEYS:
+            if multi_turn.get(key) and config.get(key) is None:
+                config[key] = resolve_config_path(str(multi_turn[key]))
+        return config
 
     # -- verl entry point -------------------------------------------------------------------
     @rollout_trace_op
@@ -375,7 +384,7 @@ class TaskAgentLoop(AgentLoopBase):
         max_turns = self.settings.max_turns or multi_turn.get("max_assistant_turns") or DEFAULT_MAX_TURNS
         sample_id = int(plain(kwargs.get("session_id", 0)) or 0)  # verl's v1 trainer: which of the n samples
         index = plain(kwargs.get("index", 0))
-        ctx = RolloutContext(tokenizer=self.tokenizer, task_config=dict(self.settings.task.get(task_type, {})),
+        ctx = RolloutContext(tokenizer=self.tokenizer, task_config=self._task_config(task_type),
                              sample_index=sample_id, max_turns=int(max_turns),
                              max_consecutive_invalid_tool_calls=self.settings.max_consecutive_invalid_tool_calls)
         sampling = SamplingParams(

@@ -15,7 +15,8 @@ What goes where in ``AgentLoopOutput``:
 - ``extra_fields`` (each key becomes a column of verl's batch, so the set of keys is fixed):
 
   - ``turn_scores``: the per-assistant-turn rewards of the task (None where a turn has none);
-    ``tool_rewards``: ``[]`` (verl's tool agent's key; our tool rewards are in the task reward);
+    ``tool_rewards``: each tool call's step reward (``execute``'s), in order, as verl's tool agent
+    reports them (from the turns' ``info``; the tools' rewards are in the task reward too);
   - ``agentic_response_mask`` (``RESPONSE_MASK_FIELD``): the response mask as a list, for
     reward managers on verl's streaming reward path, which sends no mask tensor. It cannot be
     named ``response_mask``: verl's batch already holds a ``response_mask`` tensor, and
@@ -125,7 +126,8 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
     }
     fields = {
         "turn_scores": [t.get("reward") for t in turns if t["role"] == "assistant"],
-        "tool_rewards": [],
+        "tool_rewards": [float(call.get("reward", 0.0)) for t in turns
+                         for call in (t.get("info") or {}).get("tool_calls", ())],
         RESPONSE_MASK_FIELD: list(traj["response_mask"]),
         AGENTIC_FIELD: agentic,
         TURN_REWARDS_FIELD: [list(p) for p in trajectory_turn_rewards(traj)] if turn_rewards else [],

@@ -63,7 +63,7 @@ class Gsm8kConfig:
         named = ((row or {}).get("extra_info") or {}).get("interaction_kwargs", {}) or {}
         # a row's interaction name, without one configured: that registered class, with its defaults
         interaction = self.agent.interaction if self.agent.interaction is not None else named.get("name")
-        if self.agent.tools is None and interaction is None:
+        if not self.agent.has_tools() and interaction is None:
             return None
         return dataclasses.replace(self.agent, interaction=interaction)
 
@@ -73,10 +73,9 @@ class Gsm8kConfig:
         check_keys(d, sorted(own | set(ToolAgentConfig.KEYS)), "task.gsm8k")
         d = {k: v for k, v in d.items() if not (k in ("retry_message", "verify_message") and v is None)}  # null: default
         agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
-        if agent.get("tools") is not None or agent.get("interaction") is not None:
+        agent_cfg = ToolAgentConfig(**agent)
+        if agent_cfg.has_tools() or agent_cfg.interaction is not None:
             agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now
-        else:
-            agent_cfg = ToolAgentConfig(**agent)
         cfg = cls(**{k: v for k, v in d.items() if k in own}, agent=agent_cfg)
         if cfg.feedback not in FEEDBACK_POLICIES:
             raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
