@@ -43,7 +43,12 @@ class LookupTool(BaseTool):
         super().__init__(config, tool_schema)
         self.secrets = {}
 
-    async def create(self, instance_id=None, **create_kwargs):
+    async def create(self, instance_id=None, **kwargs):
+        # as verl 0.9.1's tool_agent calls it: create(create_kwargs={...}); older verl rollouts spread the keys
+        # (create(instance_id, **create_kwargs)), and task_agent passes both forms
+        create_kwargs = kwargs.pop("create_kwargs")
+        if kwargs != create_kwargs:
+            raise TypeError(f"the spread keys {kwargs} differ from create_kwargs {create_kwargs}")
         instance_id, response = await super().create(instance_id)
         _event(self, "create", instance_id, create_kwargs)
         self.secrets[instance_id] = create_kwargs["secret"]

@@ -12,7 +12,8 @@ verl declares tools two ways (``actor_rollout_ref.rollout.multi_turn.*``), and b
 
 The wrappers give them our ``BaseTool`` life cycle, which ``ToolRunner`` runs once per episode::
 
-    create(instance_id, **create_kwargs)   # the row's extra_info.tools_kwargs.<tool>.create_kwargs
+    create(instance_id, create_kwargs=ck, **ck)  # ck: the row's extra_info.tools_kwargs.<tool>.create_kwargs,
+                                           # in both forms verl has passed it (0.9.1's tool_agent: the keyword)
     execute(instance_id, parameters)       # -> verl's (ToolResponse, reward, metrics) -> ToolResult
     calc_reward(instance_id)               # at the end of the episode
     release(instance_id)                   # always, also when the episode fails
@@ -64,7 +65,10 @@ class VerlTool(BaseTool):
         super().__init__(tool.config, tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True))
 
     async def create(self, instance_id: Optional[str] = None, **create_kwargs: Any) -> str:
-        instance_id, _response = await self.tool.create(instance_id, **create_kwargs)
+        # both forms verl has used: create(create_kwargs={...}) (0.9.1's tool_agent) and the keys spread
+        # (create(instance_id, **create_kwargs), its older rollouts and BaseTool's docstring)
+        both = {} if {"create_kwargs", "instance_id"} & set(create_kwargs) else dict(create_kwargs)
+        instance_id, _response = await self.tool.create(instance_id, create_kwargs=dict(create_kwargs), **both)
         return instance_id
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs: Any) -> ToolResult:
