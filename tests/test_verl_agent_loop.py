@@ -496,6 +496,48 @@ def test_task_agent_reads_verls_tool_keys(tiny_qwen_dir, tmp_path):
         assert list(out.non_tensor_batch["tool_rewards"][i]) == [0.25, 1.0, 0.0, 0.0]  # per call, as verl's loop
 
 
+def test_task_agent_runs_mcp_servers_tools_inside_verl(tiny_qwen_dir, tmp_path):
+    """MCP servers' tools (tests/va_mcp_server.py, over stdio and streamable HTTP) in verl's AgentLoopWorker:
+    ``+agentic.task.tool_agent.tools`` names a tools YAML with both servers; scripted calls reach them."""
+    import json
+
+    import pandas as pd
+
+    from test_mcp_tools import CALL, free_port, start_http_server, stdio_entry
+    from va_testing import ScriptedPolicy
+    from verl_agentic.tools.mcp_tools import close_sessions
+
+    port, http_events, stdio_events = free_port(), tmp_path / "http.jsonl", tmp_path / "stdio.jsonl"
+    server = start_http_server(port, http_events)
+    try:
+        (tmp_path / "tools.yaml").write_text(json.dumps({"tools": [
+            stdio_entry(stdio_events), {"mcp": {"url": f"http://127.0.0.1:{port}/mcp", "tools": ["http_add"]}}]}))
+        pd.DataFrame([{"data_source": "va/mcp", "prompt": [{"role": "user", "content": f"Question {i}"}],
+                       "reward_model": {"style": "rule", "ground_truth": "5"}, "extra_info": {"index": i}}
+                      for i in range(2)]).to_parquet(tmp_path / "rows.parquet")
+        cfg = agent_config(tiny_qwen_dir, "+agentic.task_type=tool_agent", "+agentic.max_turns=2",
+                           "+agentic.max_new_tokens=96", f"+agentic.task.tool_agent.tools={tmp_path / 'tools.yaml'}",
+                           prompt_length=1024, response_length=256)
+        tokenizer = tokenizer_of(tiny_qwen_dir)
+        script = [CALL.format(name="stdio_lookup", args='{"key": "verl"}') + "\n"
+                  + CALL.format(name="http_add", args='{"a": 2, "b": 3}'), "The answer is 5."]
+        worker = AgentLoopWorker(cfg, llm_client=BackendLLMClient(ScriptedPolicy(tokenizer, script), 256))
+        out = generate(worker, dataset_batch(worker, cfg, tmp_path / "rows.parquet", rows=2, n=1))
+        for i, traj in enumerate(trajectories_from_batch(out)):
+            agentic = out.non_tensor_batch[AGENTIC_FIELD][i]
+            assert agentic["error"] is None and agentic["num_assistant_turns"] == 2, agentic["error"]
+            assert [m["content"] for m in traj["messages"] if m["role"] == "tool"] == ["stdio:verl=4", "5"]
+            assert (agentic["metrics"]["tool_calls"], agentic["metrics"]["tool_ok"]) == (2, 2)
+            assert '"name": "http_add"' in tokenizer.decode(traj["prompt_ids"])
+        assert [e[1:] for e in map(json.loads, stdio_events.read_text().splitlines())].count(
+            ["call", "lookup", "verl"]) == 2
+        assert [e[1:] for e in map(json.loads, http_events.read_text().splitlines())].count(["call", "add", [2, 3]]) == 2
+    finally:
+        close_sessions()
+        server.kill()
+        server.wait()
+
+
 # --------------------------------------------------------------------------------------------
 # budgets, errors and settings
 

@@ -13,6 +13,7 @@ renders the tools), so every call reaches the tools.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -120,12 +121,16 @@ def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
 @pytest.mark.slow
 def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path):
     """verl's trainer on the CPU (``DEVICE=cpu scripts/run_gsm8k_multiturn.sh``: Ray, FSDP2, our ``hf``
-    rollout), one GRPO step of the 2 verl-format rows x 2 samples, with verl's own keys. The tiny random
-    model calls no tool, so this checks what every episode does with them in the agent-loop worker (the
-    tool logs its calls to a file): the tools rendered in the prompt, ``create`` with the row's
-    create_kwargs, ``calc_reward`` and ``release``. About 2 minutes on 2 cores."""
+    rollout), one GRPO step of the 2 verl-format rows x 2 samples, with verl's own keys, and two MCP
+    servers' tools besides (``+agentic.task.tool_agent.tools``: tests/va_mcp_server.py over stdio, started
+    by the agent-loop worker, and over streamable HTTP, started here). The tiny random model calls no
+    tool, so this checks what every episode does with them in the agent-loop worker (the tool logs its
+    calls to a file): the tools rendered in the prompt, ``create`` with the row's create_kwargs,
+    ``calc_reward`` and ``release``; the MCP tools in the prompt (both servers listed), the stdio server
+    started by the worker's process. About 2 minutes on 2 cores."""
     import pandas as pd
 
+    from test_mcp_tools import free_port, start_http_server, stdio_entry
     from va_testing import REPO
     from va_user_tasks import user_env
 
@@ -138,19 +143,29 @@ def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path)
     data.mkdir()
     for split in ("train", "test"):
         pd.read_json(tmp_path / "rows.jsonl", lines=True).to_parquet(data / f"{split}.parquet")
+    port, http_events, stdio_events = free_port(), tmp_path / "http_events.jsonl", tmp_path / "stdio_events.jsonl"
+    (folder / "mcp.yaml").write_text(json.dumps({"tools": [
+        stdio_entry(stdio_events, tools=["stdio_lookup"]), {"mcp": {"url": f"http://127.0.0.1:{port}/mcp",
+                                                                    "tools": ["http_add"]}}]}))
+    http_server = start_http_server(port, http_events)
     out = tmp_path / "verl_out"
     env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(data), MODEL_PATH=str(tiny_qwen_dir),
                    PYTHON=sys.executable, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "run_gsm8k_multiturn.sh"), "agentic.task_type=tool_agent",
-         "agentic.max_new_tokens=16", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={folder / 'tools.yaml'}",
-         f"actor_rollout_ref.rollout.multi_turn.function_tool_path={folder / 'functions.py'}",
-         "data.max_prompt_length=1024", "data.max_response_length=128", "data.train_batch_size=2",
-         "data.shuffle=false", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "trainer.total_training_steps=1",
-         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
+    try:
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "run_gsm8k_multiturn.sh"), "agentic.task_type=tool_agent",
+             "agentic.max_new_tokens=16", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={folder / 'tools.yaml'}",
+             f"actor_rollout_ref.rollout.multi_turn.function_tool_path={folder / 'functions.py'}",
+             "data.max_prompt_length=1024", "data.max_response_length=128", "data.train_batch_size=2",
+             "data.shuffle=false", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "trainer.total_training_steps=1",
+             "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+             f"+agentic.task.tool_agent.tools={folder / 'mcp.yaml'}"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
+    finally:
+        http_server.kill()
+        http_server.wait()
     (tmp_path / "verl.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "are not used" not in proc.stdout + proc.stderr
@@ -159,9 +174,12 @@ def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path)
     assert len(episodes) == 4 and all(t["task_type"] == "tool_agent" for t in episodes)
     tokenizer = AutoTokenizer.from_pretrained(QWEN25_DIR)
     for t in episodes:
-        assert sorted(rendered_tools(tokenizer.decode(t["prompt_ids"]))) == ["lookup", "va_add_numbers"]
+        assert sorted(rendered_tools(tokenizer.decode(t["prompt_ids"]))) == ["http_add", "lookup", "stdio_lookup",
+                                                                              "va_add_numbers"]
     events = [json.loads(x) for x in events_file.read_text().splitlines()]
     created = {e[1]: e[2]["secret"] for e in events if e[0] == "create"}
     assert sorted(created.values()) == sorted(SECRETS * 2)  # each episode its own row's create_kwargs
     for method in ("calc_reward", "release"):
         assert sorted(e[1] for e in events if e[0] == method) == sorted(created), (method, events)
+    starts = [e for e in map(json.loads, stdio_events.read_text().splitlines()) if e[1] == "start"]
+    assert starts and all(pid != os.getpid() for pid, *_ in starts), starts  # started by verl's worker process

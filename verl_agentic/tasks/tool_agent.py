@@ -9,7 +9,8 @@ Without an interaction, an answer without tool calls ends the episode.
 Config (``task.tool_agent.*``; the gsm8k task accepts the same keys to add tools/interactions):
 
 - ``tools``: a tools YAML path, or the list ``[{class_name, config?, tool_schema?}, ...]`` or
-  names (``[python, calculator]``); see ``verl_agentic.tools.registry``.
+  names (``[python, calculator]``), or ``{mcp: {command | url}}`` entries for MCP servers' tools;
+  see ``verl_agentic.tools.registry`` and ``verl_agentic.tools.mcp_tools``.
 - ``tool_config_path``, ``function_tool_path``: verl's tool files, unchanged (a YAML of verl
   ``BaseTool`` subclasses; a Python file of ``@function_tool`` functions; ``tools/verl_tools.py``),
   besides ``tools``. Inside verl's trainer, ``task_agent`` fills them from verl's own keys

@@ -10,6 +10,7 @@ YAML (the format of verl's ``tool_config_path``; ``class_name`` is a registered 
       - class_name: my_pkg.tools.SearchTool
         config: {index: data/index.db}
         tool_schema: {type: function, function: {name: search, description: ..., parameters: {...}}}
+      - mcp: {command: [python, -m, my_server]}    # an MCP server's tools (tools/mcp_tools.py)
 
 Plain functions become tools with a schema built from the signature and docstring::
 
@@ -146,9 +147,10 @@ def load_tools(config: Union[str, Path, dict, list, None], *, tool_config_path: 
     ``tool_config_path`` (a YAML file of the same format) and verl's ``function_tool_path`` (a Python file
     of ``@function_tool`` functions; ``tools/verl_tools.py``).
 
-    Each entry: ``{class_name, config?, tool_schema?}`` (the class ours or verl's), or
-    ``{function: name}`` for a function registered with ``@tool``. Tool names must be unique across all
-    three: a clash is a ``ConfigError`` naming both declarations.
+    Each entry: ``{class_name, config?, tool_schema?}`` (the class ours or verl's),
+    ``{function: name}`` for a function registered with ``@tool``, or ``{mcp: {command | url, ...}}`` for
+    the tools of an MCP server (``tools/mcp_tools.py``). Tool names must be unique across all of them: a
+    clash is a ``ConfigError`` naming both declarations.
     """
     declared = _tools_from_entries(config) + _tools_from_entries(tool_config_path)
     if function_tool_path is not None:
@@ -178,7 +180,19 @@ def _tools_from_entries(config: Union[str, Path, dict, list, None]) -> list[tupl
     entries = config.get("tools", []) if isinstance(config, dict) else config
     if not isinstance(entries, list):
         raise ConfigError(f"{prefix or 'tools config: '}'tools' must be a list, got {type(entries).__name__}")
-    return [_tool_from_entry(entry, f"{prefix}tools[{i}]") for i, entry in enumerate(entries)]
+    return [declared for i, entry in enumerate(entries) for declared in _tools_from_entry(entry, f"{prefix}tools[{i}]")]
+
+
+def _tools_from_entry(entry: Any, where: str) -> list[tuple[BaseTool, str]]:
+    """The tools one entry declares: one, or an MCP server's (``tools/mcp_tools.py``)."""
+    if isinstance(entry, dict) and "mcp" in entry:
+        if set(entry) != {"mcp"}:
+            raise ConfigError(f"{where}: an 'mcp' entry has no other keys (its options go under mcp:), "
+                              f"got {sorted(set(entry) - {'mcp'})}")
+        from verl_agentic.tools.mcp_tools import load_mcp_tools  # imports the mcp SDK only when named
+
+        return [(t, t.source) for t in load_mcp_tools(entry["mcp"], where)]
+    return [_tool_from_entry(entry, where)]
 
 
 def _tool_from_entry(entry: Any, where: str) -> tuple[BaseTool, str]:
