@@ -183,19 +183,6 @@ def peak_gpu_memory_gib(path: Path) -> Optional[float]:
     return max(samples) / 1024 if samples else None
 
 
-def stop_token_ids(model: str, tokenizer) -> list[int]:
-    """The model's end-of-turn ids (generation_config's eos ids and the tokenizer's), as a rollout stops on them."""
-    from transformers import GenerationConfig
-
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        eos = GenerationConfig.from_pretrained(model).eos_token_id
-    except OSError:  # no generation_config.json
-        eos = None
-    ids.update([eos] if isinstance(eos, int) else eos or [])
-    return sorted(ids)
-
-
 # --------------------------------------------------------------------------------------------
 # judging one run, and the report
 
@@ -246,8 +233,10 @@ def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list
 def make_report(run_dir: Path, *, runs: list[str], model: str, steps: int, gap_bound: float) -> dict:
     from transformers import AutoTokenizer
 
+    from verl_agentic.verl_plugin.agent_loop import model_stop_token_ids
+
     tokenizer = AutoTokenizer.from_pretrained(model)
-    stops = stop_token_ids(model, tokenizer)
+    stops = model_stop_token_ids({"path": model}, tokenizer)  # the ids the runs' task_agent loop stopped on
     env_file = run_dir / "environment.json"
     report = {"model": model, "environment": json.loads(env_file.read_text()) if env_file.exists() else None,
               "runs": {name: judge_run(run_dir / name, steps=steps, gap_bound=gap_bound, tokenizer=tokenizer, stops=stops)
