@@ -164,18 +164,6 @@ def environment(commit: str) -> dict:
 # reading one run's folder
 
 
-def read_metrics(path: Path) -> dict[int, dict]:
-    """verl's file logger: {step: data}, rows of one step merged (it may log a step in parts)."""
-    steps: dict[int, dict] = {}
-    if not path.exists():
-        return steps
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            steps.setdefault(int(row["step"]), {}).update(row["data"])
-    return steps
-
-
 def peak_gpu_memory_gib(path: Path) -> Optional[float]:
     if not path.exists():
         return None
@@ -189,10 +177,10 @@ def peak_gpu_memory_gib(path: Path) -> Optional[float]:
 
 def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list[int]) -> dict:
     """One run's figures and its failures (an empty list: it passed)."""
-    from verl_agentic.inspect import load_run
+    from verl_agentic.inspect.runs import load_run, read_verl_metrics
     from verl_agentic.rollout.trajectory import drift_summary
 
-    metrics = read_metrics(run / "metrics.jsonl")
+    metrics = read_verl_metrics(run / "metrics.jsonl")
     exit_file = run / "exit_code"  # the trainer's exit status, written by gpu_check.sh
     exit_code = int(exit_file.read_text()) if exit_file.exists() else None
     finished = [s for s in range(1, steps + 1) if STEP_TIME_KEY in metrics.get(s, {})]
