@@ -105,6 +105,9 @@ def test_the_task_config_checks_the_files_before_any_model_loads(tmp_path):
     # gsm8k takes the keys too, and runs as tool_agent with them
     cfg = Gsm8kConfig.from_dict({"function_tool_path": str(verl_tool_files() / "functions.py")})
     assert cfg.tool_agent_config() is not None
+    with pytest.raises(ConfigError, match=r"^task.gsm8k.max_consecutive_invalid_tool_calls must be"):  # checked as its own
+        Gsm8kConfig.from_dict({"function_tool_path": str(verl_tool_files() / "functions.py"),
+                               "max_consecutive_invalid_tool_calls": -1})
 
 
 def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
