@@ -120,6 +120,30 @@ def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
         _check_task_config("dr", TASKS.get("dr"), {"index": "x.db", "tool_config_path": "tools.yaml"})
 
 
+def test_the_hint_follows_an_unknown_keys_error_not_its_wording(tmp_path):
+    """The hint comes with ``UnknownKeysError`` (``check_keys``'s) whatever it says; a task that takes the keys
+    gets none when one of their files fails, though its message names the key."""
+    import pickle
+    import types
+
+    from verl_agentic.interfaces import UnknownKeysError
+    from verl_agentic.rollout.task_spec import TASKS
+    from verl_agentic.verl_plugin.agent_loop import _check_task_config
+
+    def refuse(config):
+        raise UnknownKeysError("this task runs no tools", ["function_tool_path"])
+
+    with pytest.raises(ConfigError, match=r"^agentic.task.mine: this task runs no tools \(function_tool_path: from "
+                                          r"verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with tools"):
+        _check_task_config("mine", types.SimpleNamespace(check_config=refuse), {"function_tool_path": "f.py"})
+    missing = tmp_path / "no_such_tools.py"
+    with pytest.raises(ConfigError, match=rf"^agentic.task.gsm8k: function_tool_path '{missing}' does not exist") as e:
+        _check_task_config("gsm8k", TASKS.get("gsm8k"), {"function_tool_path": str(missing)})
+    assert "only tasks with tools" not in str(e.value)
+    copied = pickle.loads(pickle.dumps(UnknownKeysError("m", ["b", "a"])))  # crosses Ray's process boundaries
+    assert str(copied) == "m" and copied.unknown == ["a", "b"]
+
+
 @pytest.mark.slow
 def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path):
     """verl's trainer on the CPU (``DEVICE=cpu scripts/run_gsm8k_multiturn.sh``: Ray, FSDP2, our ``hf``

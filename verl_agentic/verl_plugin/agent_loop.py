@@ -101,6 +101,7 @@ from verl_agentic.interfaces import (
     EpisodeState,
     RolloutContext,
     SamplingParams,
+    UnknownKeysError,
     parse_section,
 )
 from verl_agentic.jsonl import JsonLinesAppender
@@ -210,7 +211,8 @@ def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
     try:
         spec.check_config(dict(task_config))
     except ConfigError as e:
-        verl_keys = [k for k in VERL_TOOL_KEYS if k in str(e)]
+        unknown = e.unknown if isinstance(e, UnknownKeysError) else []
+        verl_keys = [k for k in VERL_TOOL_KEYS if k in unknown]
         hint = (f" ({' / '.join(verl_keys)}: from verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with "
                 "tools take them, e.g. tool_agent and gsm8k: unset them or pick such a task)") if verl_keys else ""
         raise ConfigError(f"agentic.task.{name}: {e}{hint}") from None
