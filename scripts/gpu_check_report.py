@@ -164,36 +164,11 @@ def environment(commit: str) -> dict:
 # reading one run's folder
 
 
-def read_metrics(path: Path) -> dict[int, dict]:
-    """verl's file logger: {step: data}, rows of one step merged (it may log a step in parts)."""
-    steps: dict[int, dict] = {}
-    if not path.exists():
-        return steps
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            steps.setdefault(int(row["step"]), {}).update(row["data"])
-    return steps
-
-
 def peak_gpu_memory_gib(path: Path) -> Optional[float]:
     if not path.exists():
         return None
     samples = [float(line.split(",")[0]) for line in path.read_text().splitlines() if line.strip()]
     return max(samples) / 1024 if samples else None
-
-
-def stop_token_ids(model: str, tokenizer) -> list[int]:
-    """The model's end-of-turn ids (generation_config's eos ids and the tokenizer's), as a rollout stops on them."""
-    from transformers import GenerationConfig
-
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        eos = GenerationConfig.from_pretrained(model).eos_token_id
-    except OSError:  # no generation_config.json
-        eos = None
-    ids.update([eos] if isinstance(eos, int) else eos or [])
-    return sorted(ids)
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,10 +177,10 @@ def stop_token_ids(model: str, tokenizer) -> list[int]:
 
 def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list[int]) -> dict:
     """One run's figures and its failures (an empty list: it passed)."""
-    from verl_agentic.inspect import load_run
+    from verl_agentic.inspect.runs import load_run, read_verl_metrics
     from verl_agentic.rollout.trajectory import drift_summary
 
-    metrics = read_metrics(run / "metrics.jsonl")
+    metrics = read_verl_metrics(run / "metrics.jsonl")
     exit_file = run / "exit_code"  # the trainer's exit status, written by gpu_check.sh
     exit_code = int(exit_file.read_text()) if exit_file.exists() else None
     finished = [s for s in range(1, steps + 1) if STEP_TIME_KEY in metrics.get(s, {})]
@@ -246,8 +221,10 @@ def judge_run(run: Path, *, steps: int, gap_bound: float, tokenizer, stops: list
 def make_report(run_dir: Path, *, runs: list[str], model: str, steps: int, gap_bound: float) -> dict:
     from transformers import AutoTokenizer
 
+    from verl_agentic.verl_plugin.agent_loop import model_stop_token_ids
+
     tokenizer = AutoTokenizer.from_pretrained(model)
-    stops = stop_token_ids(model, tokenizer)
+    stops = model_stop_token_ids({"path": model}, tokenizer)  # the ids the runs' task_agent loop stopped on
     env_file = run_dir / "environment.json"
     report = {"model": model, "environment": json.loads(env_file.read_text()) if env_file.exists() else None,
               "runs": {name: judge_run(run_dir / name, steps=steps, gap_bound=gap_bound, tokenizer=tokenizer, stops=stops)

@@ -148,6 +148,20 @@ def test_missing_dir_is_one_clear_line(tmp_path):
     assert r.returncode == 2 and "trajectories.jsonl" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_old_runs_stop_ids_are_read_from_the_model_folder_as_the_hf_backend_reads_them(tmp_path):
+    """A summary.json without ``stop_token_ids``: the model's configs give them, in the one reading of
+    ``eos_token_id`` (int, list or null; in order, once each) that the backends use too."""
+    from verl_agentic.backends.base import eos_ids
+    from verl_agentic.inspect.report import stop_token_ids_of
+
+    assert eos_ids(7, [9, 7], None, 3) == [7, 9, 3]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2]}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert stop_token_ids_of(tmp_path) == [5, 2]
+    (tmp_path / "generation_config.json").write_text("{not json")  # skipped, as a missing one is
+    assert stop_token_ids_of(tmp_path) == [2] and stop_token_ids_of(None) == []
+
+
 def test_serve(run_dir, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "verl_agentic.inspect", str(run_dir), "--out", str(tmp_path / "rep"),
                           "--serve", "--port", "0", "--no-drift",

@@ -323,3 +323,15 @@ def test_bad_training_files_name_the_line(ppo_run, tmp_path, caplog):
                        text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "step_000001.jsonl: episode 1 lacks ['response_mask']" in r.stderr
+
+
+def test_verls_file_logger_metrics_read_as_one_dict_a_step(tmp_path):
+    """``read_verl_metrics`` (the GPU check's report and the verl trainer tests read metrics.jsonl with it):
+    the rows of a step that verl logged in parts are merged; no file is no steps."""
+    from verl_agentic.inspect.runs import read_verl_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    assert read_verl_metrics(path) == {}
+    path.write_text('{"step": 1, "data": {"a": 1.0}}\n\n{"step": 2, "data": {"a": 2.0}}\n'
+                    '{"step": 1, "data": {"b": 3.0}}\n')
+    assert read_verl_metrics(path) == {1: {"a": 1.0, "b": 3.0}, 2: {"a": 2.0}}

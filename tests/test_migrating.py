@@ -77,6 +77,15 @@ def test_the_key_table_matches_verl_0_9_1s_config():
                                      "actor_rollout_ref.rollout.multi_turn.max_user_turns=2", "--help"])) == 1
 
 
+def test_the_plugins_checks_read_overrides_one_way():
+    """removed_keys and cluster_imports both read verl's command line with ``command_line.overrides``."""
+    from verl_agentic.verl_plugin import cluster_imports, removed_keys
+    from verl_agentic.verl_plugin.command_line import overrides
+
+    assert overrides(["+a.b=1", "~c=2", "d=x=y", "--help", "~e"]) == {"a.b": "1", "c": "2", "d": "x=y"}
+    assert removed_keys.overrides is overrides and cluster_imports.overrides is overrides
+
+
 class VerlBaseShape(BaseInteraction):
     """A class shaped like verl's base class: calculate_score and finalize_interaction without the id."""
 

@@ -37,6 +37,8 @@ import torch
 from va_services import ServiceProcess
 from va_testing import GSM8K_TEST, REPO
 
+from verl_agentic.inspect.runs import read_verl_metrics
+
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 AGENT_LOOP_YAML = REPO / "examples" / "gsm8k_multiturn" / "agent_loop.yaml"
 VARIANTS = ("task_agent", "gsm8k_retry", "gsm8k_python_verify")
@@ -373,14 +375,6 @@ def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900, python: 
     return proc
 
 
-def _metrics(path: Path) -> dict[int, dict]:
-    out: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        out.setdefault(row["step"], {}).update(row["data"])
-    return out
-
-
 ASYNC = ("trainer.v1.trainer_mode=colocate_async", "algorithm.adv_estimator=turn_loo", "+agentic.turn_rewards=true",
          "agentic.max_new_tokens=48")  # longer turns than the first launch's: more requests in flight at an update
 # whether a request is still running at a step's abort is a race (the engine decodes the window's episodes
@@ -401,13 +395,13 @@ def verl_run(tmp_path_factory):
     first = _launch(out, data, "trainer.total_training_steps=2")
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
     latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    metrics_1, latest_1 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
+    metrics_1, latest_1 = read_verl_metrics(out / "metrics.jsonl"), latest.read_text().strip()
     second = _launch(out, data, *ASYNC, "trainer.total_training_steps=5", "trainer.save_freq=5",
                      "trainer.resume_mode=auto", "trainer.val_before_train=false",
                      "reward.reward_manager.name=prime", "+reward.agentic.num_workers=2", PACE,
                      "trainer.test_freq=5", **TESTS_ON_PATH)  # verl validates at each multiple and the last step
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
-    metrics_2, latest_2 = _metrics(out / "metrics.jsonl"), latest.read_text().strip()
+    metrics_2, latest_2 = read_verl_metrics(out / "metrics.jsonl"), latest.read_text().strip()
     with ServiceProcess("verl_agentic.reward.server", "--workers", "1", "--timeout-s", "30", "--quiet",
                         ready="reward server listening on ", start_timeout_s=120) as server:
         third = _launch(out, data, *ASYNC, "trainer.total_training_steps=6", "trainer.save_freq=6",
@@ -419,7 +413,7 @@ def verl_run(tmp_path_factory):
             served = json.loads(r.read())["stats"]
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, first=first, second=second, third=third, metrics_1=metrics_1,
-                                 metrics_2=metrics_2, metrics_3=_metrics(out / "metrics.jsonl"), served=served,
+                                 metrics_2=metrics_2, metrics_3=read_verl_metrics(out / "metrics.jsonl"), served=served,
                                  latest=[latest_1, latest_2, latest.read_text().strip()])
 
 

@@ -106,6 +106,9 @@ def test_the_task_config_checks_the_files_before_any_model_loads(tmp_path):
     # gsm8k takes the keys too, and runs as tool_agent with them
     cfg = Gsm8kConfig.from_dict({"function_tool_path": str(verl_tool_files() / "functions.py")})
     assert cfg.tool_agent_config() is not None
+    with pytest.raises(ConfigError, match=r"^task.gsm8k.max_consecutive_invalid_tool_calls must be"):  # checked as its own
+        Gsm8kConfig.from_dict({"function_tool_path": str(verl_tool_files() / "functions.py"),
+                               "max_consecutive_invalid_tool_calls": -1})
 
 
 def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
@@ -116,6 +119,30 @@ def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
                                           r"tool_config_path: from verl's actor_rollout_ref.rollout.multi_turn keys; "
                                           r"only tasks with tools take them"):
         _check_task_config("dr", TASKS.get("dr"), {"index": "x.db", "tool_config_path": "tools.yaml"})
+
+
+def test_the_hint_follows_an_unknown_keys_error_not_its_wording(tmp_path):
+    """The hint comes with ``UnknownKeysError`` (``check_keys``'s) whatever it says; a task that takes the keys
+    gets none when one of their files fails, though its message names the key."""
+    import pickle
+    import types
+
+    from verl_agentic.interfaces import UnknownKeysError
+    from verl_agentic.rollout.task_spec import TASKS
+    from verl_agentic.verl_plugin.agent_loop import _check_task_config
+
+    def refuse(config):
+        raise UnknownKeysError("this task runs no tools", ["function_tool_path"])
+
+    with pytest.raises(ConfigError, match=r"^agentic.task.mine: this task runs no tools \(function_tool_path: from "
+                                          r"verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with tools"):
+        _check_task_config("mine", types.SimpleNamespace(check_config=refuse), {"function_tool_path": "f.py"})
+    missing = tmp_path / "no_such_tools.py"
+    with pytest.raises(ConfigError, match=rf"^agentic.task.gsm8k: function_tool_path '{missing}' does not exist") as e:
+        _check_task_config("gsm8k", TASKS.get("gsm8k"), {"function_tool_path": str(missing)})
+    assert "only tasks with tools" not in str(e.value)
+    copied = pickle.loads(pickle.dumps(UnknownKeysError("m", ["b", "a"])))  # crosses Ray's process boundaries
+    assert str(copied) == "m" and copied.unknown == ["a", "b"]
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ import pytest
 from va_testing import REPO
 from va_user_tasks import user_env
 
+from verl_agentic.inspect.runs import read_verl_metrics
+
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 
 WHERE_TASKS = '''
@@ -149,7 +151,7 @@ def test_a_step_on_two_nodes_with_the_task_module_shipped_by_runtime_env(cluster
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
     # the step finished and trained
-    metrics = {row["step"]: row["data"] for row in _lines(out / "metrics.jsonl")}
+    metrics = read_verl_metrics(out / "metrics.jsonl")
     assert metrics[1]["training/global_step"] == 1 and "actor/pg_loss" in metrics[1], sorted(metrics)
 
     # training and rollout on both nodes: each replica's server took every push from a training worker on

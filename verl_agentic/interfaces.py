@@ -17,7 +17,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 # Finish reasons of an episode (the trajectory dump's ``finish_reason``).
 FINISH_STOP = "stop"  # the task said the episode is done
@@ -237,6 +237,14 @@ class ConfigError(ValueError):
     """Bad user input (config, dataset, task name): raised before any work starts."""
 
 
+class UnknownKeysError(ConfigError):
+    """A config section with keys it does not take (raised by ``check_keys``); ``unknown``: those keys."""
+
+    def __init__(self, message: str, unknown: Iterable[str] = ()):
+        super().__init__(message)
+        self.unknown = sorted(unknown)
+
+
 # the weight precisions a generation backend may compute in, by every name a config accepts
 WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                       "int8": "int8"}
@@ -251,12 +259,12 @@ def canonical_weight_dtype(name: Any, setting: str = "rollout.hf.weight_dtype") 
 
 
 def check_keys(d: Any, known: Any, section: str) -> None:
-    """Raise ``ConfigError`` naming the keys of config section ``section`` that are not ``known``,
+    """Raise ``UnknownKeysError`` naming the keys of config section ``section`` that are not ``known``,
     with the known ones listed in the order given."""
     known = list(known)
     unknown = set(d) - set(known)
     if unknown:
-        raise ConfigError(f"unknown {section} keys {sorted(unknown)}; known: {known}")
+        raise UnknownKeysError(f"unknown {section} keys {sorted(unknown)}; known: {known}", unknown)
 
 
 def parse_section(cls: type, d: Any, section: str) -> Any:

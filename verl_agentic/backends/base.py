@@ -8,6 +8,17 @@ from typing import Any, Optional
 from verl_agentic.interfaces import ChatOutput, GenOutput, SamplingParams
 
 
+def eos_ids(*values: Any) -> list[int]:
+    """The ids of ``eos_token_id`` values as configs and tokenizers hold them (each an int, a list of
+    ints or None), in order, without duplicates: the one reading of them behind every stop-id list."""
+    ids: list[int] = []
+    for value in values:
+        for token_id in [value] if isinstance(value, int) else value or []:
+            if token_id not in ids:
+                ids.append(token_id)
+    return ids
+
+
 def stop_ids_from_configs(generation_config: Any, config: Any) -> list[int]:
     """EOS ids of a model's generation config and config (either may be None), in order, without
     duplicates: what both backends stop on.
@@ -15,12 +26,7 @@ def stop_ids_from_configs(generation_config: Any, config: Any) -> list[int]:
     The tokenizer's ``eos_token_id`` is deliberately not used: some converted tokenizers
     (e.g. from GGUF) carry a wrong one, while the model's configs say how it ends a turn.
     """
-    ids: list[int] = []
-    for value in (getattr(generation_config, "eos_token_id", None), getattr(config, "eos_token_id", None)):
-        for token_id in [value] if isinstance(value, int) else value or []:
-            if token_id not in ids:
-                ids.append(token_id)
-    return ids
+    return eos_ids(getattr(generation_config, "eos_token_id", None), getattr(config, "eos_token_id", None))
 
 
 class GenerationBackend(abc.ABC):

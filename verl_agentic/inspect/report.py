@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_agentic.backends.base import eos_ids
 from verl_agentic.inspect.compare import compare_runs
 from verl_agentic.inspect.plots import run_plots, write_pngs
 from verl_agentic.inspect.runs import Run, load_run
@@ -78,21 +79,18 @@ def load_tokenizer(run: Run, override: Optional[str] = None) -> tuple[Any, Optio
 def stop_token_ids_of(model_dir: Optional[Path]) -> list[int]:
     """The model's EOS ids from generation_config.json / config.json (as the HF backend uses them), for
     runs whose summary.json predates its ``stop_token_ids`` field."""
-    ids: list[int] = []
     if model_dir is None:
-        return ids
+        return []
+    values = []
     for name in ("generation_config.json", "config.json"):
         p = Path(model_dir) / name
         if not p.exists():
             continue
         try:
-            value = json.loads(p.read_text()).get("eos_token_id")
+            values.append(json.loads(p.read_text()).get("eos_token_id"))
         except (OSError, ValueError):
             continue
-        for t in [value] if isinstance(value, int) else value or []:
-            if t not in ids:
-                ids.append(t)
-    return ids
+    return eos_ids(*values)
 
 
 def _token_strings(tokenizer: Any, ids: set[int]) -> tuple[dict[str, str], list[int]]:

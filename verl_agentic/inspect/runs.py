@@ -92,6 +92,17 @@ def _read_config(d: Path, summary: dict) -> dict:
     return {}
 
 
+def read_verl_metrics(path: str | Path) -> dict[int, dict]:
+    """verl's file logger (``trainer.logger=[...,"file"]``, lines ``{"step": N, "data": {...}}``) as
+    {step: data}, the rows of one step merged (it may log a step in parts); {} when there is no file."""
+    steps: dict[int, dict] = {}
+    if not Path(path).exists():
+        return steps
+    for row in read_json_lines(path, what="a step's metrics"):
+        steps.setdefault(int(row["step"]), {}).update(row["data"])
+    return steps
+
+
 def load_run(output_dir: str | Path) -> Run:
     """Read a rollout or training output dir (see the module docstring for the layouts)."""
     d = Path(output_dir)

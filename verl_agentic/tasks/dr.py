@@ -81,8 +81,7 @@ class DrConfig:
 def check_config(d: dict) -> DrConfig:
     """Validate ``task.dr`` and open the index now (a missing one names the build command)."""
     cfg = DrConfig.from_dict(d)
-    agent = cfg.agent_config()
-    ToolAgentConfig.from_dict({k: getattr(agent, k) for k in ToolAgentConfig.KEYS}, "task.dr")
+    cfg.agent_config().checked("task.dr")
     return cfg
 
 

@@ -75,10 +75,14 @@ class ToolAgentConfig:
     @classmethod
     def from_dict(cls, d: dict, section: str = "task.tool_agent") -> "ToolAgentConfig":
         check_keys(d, sorted(cls.KEYS), section)
-        cfg = cls(**d)
-        invalid_call_limit(cfg.max_consecutive_invalid_tool_calls, None, section)  # checks the value
-        _components(cfg.key())  # load (and cache) tools, parser and interactions: config errors surface now
-        return cfg
+        return cls(**d).checked(section)
+
+    def checked(self, section: str = "task.tool_agent") -> "ToolAgentConfig":
+        """This config, its values checked and its tools, parser and interactions loaded (and cached):
+        config errors surface now, named by ``section``."""
+        invalid_call_limit(self.max_consecutive_invalid_tool_calls, None, section)  # checks the value
+        _components(self.key())
+        return self
 
     def has_tools(self) -> bool:
         return any(v is not None for v in (self.tools, self.tool_config_path, self.function_tool_path))

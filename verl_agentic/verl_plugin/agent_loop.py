@@ -93,6 +93,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.utils.import_utils import resolve_config_path
 from verl.utils.rollout_trace import rollout_trace_op
 
+from verl_agentic.backends.base import eos_ids
 from verl_agentic.interfaces import (
     ERROR_TYPES,
     ConfigError,
@@ -100,6 +101,7 @@ from verl_agentic.interfaces import (
     EpisodeState,
     RolloutContext,
     SamplingParams,
+    UnknownKeysError,
     parse_section,
 )
 from verl_agentic.jsonl import JsonLinesAppender
@@ -209,7 +211,8 @@ def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
     try:
         spec.check_config(dict(task_config))
     except ConfigError as e:
-        verl_keys = [k for k in VERL_TOOL_KEYS if k in str(e)]
+        unknown = e.unknown if isinstance(e, UnknownKeysError) else []
+        verl_keys = [k for k in VERL_TOOL_KEYS if k in unknown]
         hint = (f" ({' / '.join(verl_keys)}: from verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with "
                 "tools take them, e.g. tool_agent and gsm8k: unset them or pick such a task)") if verl_keys else ""
         raise ConfigError(f"agentic.task.{name}: {e}{hint}") from None
@@ -224,21 +227,19 @@ def _generation_config_eos(config_path: str, use_shm: bool, trust_remote_code: b
     from verl.utils.model import get_generation_config
 
     gen = get_generation_config(copy_to_local(config_path, use_shm=use_shm), trust_remote_code=trust_remote_code)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    return tuple([eos] if isinstance(eos, int) else (eos or ()))
+    return tuple(eos_ids(getattr(gen, "eos_token_id", None)))
 
 
 def model_stop_token_ids(model_config: Any, tokenizer: Any) -> list[int]:
     """The ids a server stops on: the generation config's EOS ids and the tokenizer's EOS id."""
     path = model_config.get("hf_config_path") or model_config.get("path")
-    ids = list(_generation_config_eos(str(path), bool(model_config.get("use_shm", False)),
-                                      bool(model_config.get("trust_remote_code", False))))
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
+    ids = eos_ids(*_generation_config_eos(str(path), bool(model_config.get("use_shm", False)),
+                                          bool(model_config.get("trust_remote_code", False))),
+                  tokenizer.eos_token_id)
     if not ids:
         raise ConfigError(f"model {path!r}: no EOS token id in its generation config, config or tokenizer; "
                           "the task_agent loop cannot tell where a turn ends")
-    return list(dict.fromkeys(ids))
+    return ids
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,13 +20,9 @@ import sysconfig
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from verl_agentic.verl_plugin.removed_keys import is_verl_trainer
+from verl_agentic.verl_plugin.command_line import is_verl_trainer, overrides
 
 SHIPPING_KEYS = ("ray_kwargs.ray_init.runtime_env.working_dir", "ray_kwargs.ray_init.runtime_env.py_modules")
-
-
-def _overrides(argv: Sequence[str]) -> dict[str, str]:
-    return {arg.split("=", 1)[0].lstrip("+~"): arg.split("=", 1)[1] for arg in argv if "=" in arg}
 
 
 def _module_names(value: str) -> list[str]:
@@ -45,11 +41,11 @@ def _installed(name: str, origin: str) -> bool:
 def unshipped_imports(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """One warning per ``agentic.imports`` module that a joined cluster's other nodes may lack."""
     address = environ.get("RAY_ADDRESS")
-    overrides = _overrides(argv)
-    if not address or any(key in overrides for key in SHIPPING_KEYS) or "agentic.imports" not in overrides:
+    given = overrides(argv)
+    if not address or any(key in given for key in SHIPPING_KEYS) or "agentic.imports" not in given:
         return []
     out = []
-    for name in _module_names(overrides["agentic.imports"]):
+    for name in _module_names(given["agentic.imports"]):
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):  # a missing parent package: the import's own error names it later

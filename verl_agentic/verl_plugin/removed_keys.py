@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from verl_agentic.verl_plugin.command_line import is_verl_trainer, overrides
+
 # key (as on verl 0.7's command line) -> what to write instead with verl 0.9.1 and verl_agentic
 REMOVED = {
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": (
@@ -22,22 +24,9 @@ REMOVED = {
 
 
 def removed_key_messages(argv: Sequence[str]) -> list[str]:
-    """One message per override in ``argv`` that sets a key of ``REMOVED``."""
-    out = []
-    for arg in argv:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if "=" in arg and key in REMOVED:
-            out.append(f"{key} no longer exists in verl 0.9.1; use {REMOVED[key]}. See docs/migrating.md")
-    return out
-
-
-def is_verl_trainer(argv0: str) -> bool:
-    # `python -m verl.trainer.main_ppo` imports verl while locating the module: sys.argv[0] is still "-m"
-    # then, and the module's name is only in the interpreter's own command line
-    orig = list(getattr(sys, "orig_argv", ()))
-    if "-m" in orig[:-1] and orig[orig.index("-m") + 1].startswith("verl.trainer."):
-        return True
-    return "/verl/trainer/" in argv0.replace("\\", "/")
+    """One message per key of ``REMOVED`` that an override in ``argv`` sets."""
+    return [f"{key} no longer exists in verl 0.9.1; use {REMOVED[key]}. See docs/migrating.md"
+            for key in overrides(argv) if key in REMOVED]
 
 
 def check_command_line(argv: Optional[Sequence[str]] = None) -> None:

@@ -72,11 +72,10 @@ class Gsm8kConfig:
         own = set(cls.__dataclass_fields__) - {"agent"}
         check_keys(d, sorted(own | set(ToolAgentConfig.KEYS)), "task.gsm8k")
         d = {k: v for k, v in d.items() if not (k in ("retry_message", "verify_message") and v is None)}  # null: default
-        agent = {k: v for k, v in d.items() if k in ToolAgentConfig.KEYS}
-        agent_cfg = ToolAgentConfig(**agent)
-        if agent_cfg.has_tools() or agent_cfg.interaction is not None:
-            agent_cfg = ToolAgentConfig.from_dict(agent, "task.gsm8k")  # loads them: errors surface now
-        cfg = cls(**{k: v for k, v in d.items() if k in own}, agent=agent_cfg)
+        agent = ToolAgentConfig(**{k: v for k, v in d.items() if k in ToolAgentConfig.KEYS})
+        if agent.has_tools() or agent.interaction is not None:
+            agent.checked("task.gsm8k")  # loads them: errors surface now
+        cfg = cls(**{k: v for k, v in d.items() if k in own}, agent=agent)
         if cfg.feedback not in FEEDBACK_POLICIES:
             raise ConfigError(f"task.gsm8k.feedback must be one of {FEEDBACK_POLICIES}, got {cfg.feedback!r}")
         if cfg.extraction not in EXTRACTIONS:
