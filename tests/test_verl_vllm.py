@@ -34,9 +34,11 @@ from pathlib import Path
 
 import pytest
 
-from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _episodes, _launch, _metrics, _write_data
+from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _episodes, _launch, _write_data
 from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
+
+from verl_agentic.inspect.runs import read_verl_metrics
 
 pytestmark = pytest.mark.slow  # vLLM's environment and verl's trainer: not in make test-fast
 
@@ -233,7 +235,7 @@ def vllm_run(tmp_path_factory, vllm_py):
     first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm")
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
     latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    metrics_1, pushes_1 = _metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
+    metrics_1, pushes_1 = read_verl_metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
     shm_before = _shm_segments()
     start = time.monotonic()
     failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
@@ -255,7 +257,7 @@ def vllm_run(tmp_path_factory, vllm_py):
                     python=vllm_py, ROLLOUT="vllm")
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, first=first, failed=failed, failed_s=failed_s, third=third,
-                                 metrics_1=metrics_1, metrics_3=_metrics(out / "metrics.jsonl"),
+                                 metrics_1=metrics_1, metrics_3=read_verl_metrics(out / "metrics.jsonl"),
                                  pushes_1=[json.loads(line) for line in pushes_1.splitlines()],
                                  pushes=[json.loads(line) for line in (out / "weight_pushes.jsonl").read_text().splitlines()],
                                  latest_after_failure=latest_after_failure, latest=latest.read_text().strip(),
