@@ -113,12 +113,12 @@ def test_the_task_config_checks_the_files_before_any_model_loads(tmp_path):
 
 def test_in_verl_a_task_without_tools_refuses_verls_tool_keys_by_name():
     from verl_agentic.rollout.task_spec import TASKS
-    from verl_agentic.verl_plugin.agent_loop import _check_task_config
+    from verl_agentic.verl_plugin.agent_loop import check_task_config
 
     with pytest.raises(ConfigError, match=r"agentic.task.dr: unknown task.dr keys \['tool_config_path'\].*\("
                                           r"tool_config_path: from verl's actor_rollout_ref.rollout.multi_turn keys; "
                                           r"only tasks with tools take them"):
-        _check_task_config("dr", TASKS.get("dr"), {"index": "x.db", "tool_config_path": "tools.yaml"})
+        check_task_config("dr", TASKS.get("dr"), {"index": "x.db", "tool_config_path": "tools.yaml"})
 
 
 def test_the_hint_follows_an_unknown_keys_error_not_its_wording(tmp_path):
@@ -129,17 +129,17 @@ def test_the_hint_follows_an_unknown_keys_error_not_its_wording(tmp_path):
 
     from verl_agentic.interfaces import UnknownKeysError
     from verl_agentic.rollout.task_spec import TASKS
-    from verl_agentic.verl_plugin.agent_loop import _check_task_config
+    from verl_agentic.verl_plugin.agent_loop import check_task_config
 
     def refuse(config):
         raise UnknownKeysError("this task runs no tools", ["function_tool_path"])
 
     with pytest.raises(ConfigError, match=r"^agentic.task.mine: this task runs no tools \(function_tool_path: from "
                                           r"verl's actor_rollout_ref.rollout.multi_turn keys; only tasks with tools"):
-        _check_task_config("mine", types.SimpleNamespace(check_config=refuse), {"function_tool_path": "f.py"})
+        check_task_config("mine", types.SimpleNamespace(check_config=refuse), {"function_tool_path": "f.py"})
     missing = tmp_path / "no_such_tools.py"
     with pytest.raises(ConfigError, match=rf"^agentic.task.gsm8k: function_tool_path '{missing}' does not exist") as e:
-        _check_task_config("gsm8k", TASKS.get("gsm8k"), {"function_tool_path": str(missing)})
+        check_task_config("gsm8k", TASKS.get("gsm8k"), {"function_tool_path": str(missing)})
     assert "only tasks with tools" not in str(e.value)
     copied = pickle.loads(pickle.dumps(UnknownKeysError("m", ["b", "a"])))  # crosses Ray's process boundaries
     assert str(copied) == "m" and copied.unknown == ["a", "b"]
@@ -210,3 +210,87 @@ def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path)
         assert sorted(e[1] for e in events if e[0] == method) == sorted(created), (method, events)
     starts = [e for e in map(json.loads, stdio_events.read_text().splitlines()) if e[1] == "start"]
     assert starts and all(pid != os.getpid() for pid, *_ in starts), starts  # started by verl's worker process
+
+
+# --------------------------------------------------------------------------------------------
+# the preflight in verl's trainer (verl_plugin/preflight.py): the same checks before any worker starts
+
+
+def test_the_preflight_checks_what_the_workers_would(tmp_path, tiny_qwen_dir):
+    import types
+
+    from test_verl_agent_loop import agent_config, verl_config
+    from verl_agentic.verl_plugin import preflight
+
+    verl_tool_files()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"tools:\n  - class_name: {TOOL_MODULE}.NotATool\n")
+    keys = ("+agentic.task_type=tool_agent", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bad}")
+    with pytest.raises(ConfigError, match=rf"^agentic.task.tool_agent: {bad}: tools\[0\] \(class_name "
+                                          rf"{TOOL_MODULE}.NotATool\): .* is neither"):
+        preflight.check(agent_config(tiny_qwen_dir, *keys))
+    mcp = tmp_path / "mcp.yaml"
+    mcp.write_text(json.dumps({"tools": [{"mcp": {"command": [sys.executable, "-c", "raise SystemExit('no server')"]}}]}))
+    with pytest.raises(ConfigError, match=rf"agentic.task.tool_agent: {mcp}: tools\[0\]: MCP server .* did not start"):
+        preflight.check(agent_config(tiny_qwen_dir, "+agentic.task_type=tool_agent",
+                                     f"+agentic.task.tool_agent.tools={mcp}"))
+    with pytest.raises(ConfigError, match=r"^agentic.task_type: unknown task_type 'no_such_task'; registered: .*gsm8k"):
+        preflight.check(agent_config(tiny_qwen_dir, "+agentic.task_type=no_such_task"))
+    with pytest.raises(ConfigError, match=r"agentic.task.gsm8k: unknown task.gsm8k keys \['feedbak'\]"):
+        preflight.check(agent_config(tiny_qwen_dir, "+agentic.task.gsm8k.feedbak=retry"))  # rows name their task
+    preflight.check(agent_config(tiny_qwen_dir, "+agentic.task_type=tool_agent",  # verl's own files: fine
+                                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={verl_tool_files() / 'tools.yaml'}"))
+    preflight.check(verl_config(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bad}"))  # not task_agent's
+
+    class PPOTrainer:  # the wrap, on a stand-in for verl's trainer_base module (the real one: the slow test below)
+        calls = []
+
+        def __init__(self, config):
+            self.config = config
+
+        def init(self):
+            self.calls.append("init")
+
+    module = types.SimpleNamespace(PPOTrainer=PPOTrainer)
+    preflight.install(module)
+    preflight.install(module)  # once per process
+    PPOTrainer(agent_config(tiny_qwen_dir, "+agentic.task_type=tool_agent")).init()
+    assert PPOTrainer.calls == ["init"]
+    with pytest.raises(ConfigError, match=rf"{bad}: tools\[0\]"):
+        PPOTrainer(agent_config(tiny_qwen_dir, *keys)).init()
+    assert PPOTrainer.calls == ["init"]  # verl's init never ran
+
+
+@pytest.mark.slow
+def test_verls_trainer_stops_on_a_bad_tool_file_before_any_worker_starts(tiny_qwen_dir, tmp_path):
+    """verl's trainer on the CPU with a tool_config_path whose class is not a tool: the preflight in
+    ``PPOTrainer.init`` stops the run with the ConfigError that names the file and the entry, before verl's
+    init builds any worker (verl's own loader would fail in the agent-loop worker, after the models load)."""
+    import pandas as pd
+
+    from va_testing import REPO
+    from va_user_tasks import user_env
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    write_tool_files(folder)
+    (folder / "bad.yaml").write_text(f"tools:\n  - class_name: {TOOL_MODULE}.NotATool\n")
+    verl_rows(tmp_path / "rows.jsonl")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):
+        pd.read_json(tmp_path / "rows.jsonl", lines=True).to_parquet(data / f"{split}.parquet")
+    env = user_env(DEVICE="cpu", OUT=str(tmp_path / "out"), DATA_DIR=str(data), MODEL_PATH=str(tiny_qwen_dir),
+                   PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_gsm8k_multiturn.sh"), "agentic.task_type=tool_agent",
+         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={folder / 'bad.yaml'}", "data.train_batch_size=2",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+         "trainer.total_training_steps=1", "trainer.val_before_train=false"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (f"ConfigError: agentic.task.tool_agent: {folder / 'bad.yaml'}: tools[0] (class_name "
+            f"{TOOL_MODULE}.NotATool)") in output, output[-6000:]
+    assert "verl_plugin/preflight.py" in output  # raised by the wrap of PPOTrainer.init, before verl's init ran
+    assert "AgentLoopWorker" not in output and "init_model" not in output, output[-6000:]

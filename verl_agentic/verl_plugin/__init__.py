@@ -23,6 +23,9 @@ that process. Besides the registrations above:
 - the reward-hacking and collapse monitors wrap verl's (v1) trainer's step metrics
   (``verl_plugin/monitors.py``, settings ``+agentic.monitors.*``; ``VERL_AGENTIC_MONITORS=0`` leaves
   verl's trainer unwrapped);
+- the preflight wraps verl's (v1) trainer's ``PPOTrainer.init``: the ``agentic`` settings, the tasks'
+  sections and their tools are checked in the trainer's process before any worker starts
+  (``verl_plugin/preflight.py``; ``VERL_AGENTIC_PREFLIGHT=0`` leaves it unwrapped);
 - per-turn rewards (``verl_plugin/turn_rewards.py``) wrap verl's agent-loop output only when a run asks
   for them (``+agentic.turn_rewards=true``);
 - with ``VERL_PLATFORM=cpu`` it switches verl's trainer to the CPU (``verl_plugin/cpu``: the platform, FSDP

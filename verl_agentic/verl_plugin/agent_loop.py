@@ -201,7 +201,7 @@ _KEPT_ERRORS = 0  # episodes that ended with an error and were kept (logged spar
 _RECORDERS = RecordingWriters(max_open=8)  # agentic.record: a writer per recordings folder, per process
 
 
-def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
+def check_task_config(name: str, spec: Any, task_config: dict) -> None:
     if spec.check_config is None:
         return
     key = f"{name}:{json.dumps(task_config, sort_keys=True, default=str)}"
@@ -218,6 +218,18 @@ def _check_task_config(name: str, spec: Any, task_config: dict) -> None:
         raise ConfigError(f"agentic.task.{name}: {e}{hint}") from None
     with _CHECKED_LOCK:
         _CHECKED.add(key)
+
+
+def task_section(settings: TaskAgentSettings, rollout_config: Any, name: str) -> dict:
+    """The task's ``agentic.task.<name>`` section, with verl's tool keys (``rollout.multi_turn.
+    tool_config_path`` / ``function_tool_path``) as its ``tool_config_path`` / ``function_tool_path``
+    where the section has none (see the module docstring)."""
+    config = dict(settings.task.get(name, {}))
+    multi_turn = rollout_config.get("multi_turn") or {}
+    for key in VERL_TOOL_KEYS:
+        if multi_turn.get(key) and config.get(key) is None:
+            config[key] = resolve_config_path(str(multi_turn[key]))
+    return config
 
 
 @functools.lru_cache(maxsize=8)
@@ -356,19 +368,11 @@ class TaskAgentLoop(AgentLoopBase):
             spec = TASKS.get(str(name))
         except ConfigError as e:
             raise ConfigError(f"{self._describe(kwargs)}: {e}") from None
-        _check_task_config(str(name), spec, self._task_config(str(name)))
+        check_task_config(str(name), spec, self._task_config(str(name)))
         return str(name), spec
 
     def _task_config(self, name: str) -> dict:
-        """The task's ``agentic.task.<name>`` section, with verl's tool keys (``rollout.multi_turn.
-        tool_config_path`` / ``function_tool_path``) as its ``tool_config_path`` / ``function_tool_path``
-        where the section has none (see the module docstring)."""
-        config = dict(self.settings.task.get(name, {}))
-        multi_turn = self.rollout_config.get("multi_turn") or {}
-        for key in VERL_TOOL_KEYS:
-            if multi_turn.get(key) and config.get(key) is None:
-                config[key] = resolve_config_path(str(multi_turn[key]))
-        return config
+        return task_section(self.settings, self.rollout_config, name)
 
     # -- verl entry point -------------------------------------------------------------------
     @rollout_trace_op

