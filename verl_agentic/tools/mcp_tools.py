@@ -197,6 +197,8 @@ class MCPSession:
             self._loop.close()
         for d in self._workdirs:
             shutil.rmtree(d, ignore_errors=True)
+        if self._stderr is not None:
+            self._stderr.close()
 
     # ---- the session's loop ----
     async def _tools(self) -> list:
