@@ -151,31 +151,105 @@ def test_committed_base_accuracy_is_what_its_counts_say():
             assert f"{100 * m['rates'][key]:.1f}%" in readme, (mode, key)
 
 
-def test_the_modes_summary_counts_each_trained_episode_once_and_reads_versions_and_stragglers(tmp_path):
-    """examples/learning_run_verl/modes.py on a colocate_async-shaped run: two steps trained on episodes
-    that one policy version rolled out together (dumped in one file), one episode spanning an update."""
+def _modes():
     spec = importlib.util.spec_from_file_location("va_modes", ROOT / "examples" / "learning_run_verl" / "modes.py")
     modes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(modes)
+    return modes
 
-    run = tmp_path / "colocate_async_seed0"
-    (run / "rollouts").mkdir(parents=True)
-    metrics = [{"step": s, "data": {"timing_s/step": t, "timing_s/gen": g, "critic/score/mean": r,
-                                    "training/off_policy/trajectory_spans/max": sp}}
-               for s, t, g, r, sp in ((1, 40.0, 20.0, 0.25, 1), (2, 20.0, 0.0, 0.5, 2))]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+def _modes_run(folder: Path, arm: str, seed: int, step_s: tuple, rewards: tuple, cut: int = 0) -> None:
+    """A run folder as modes.py run leaves it: verl's metrics, our dump (one version's episodes in one
+    file, the last of four spanning an update; ``cut`` of them with their second turn at the cap), run.json."""
+    (folder / "rollouts").mkdir(parents=True)
+    metrics = [{"step": s + 1, "data": {"timing_s/step": t, "timing_s/gen": t / 2, "critic/score/mean": r,
+                                        "training/off_policy/trajectory_spans/max": 2 if s else 1}}
+               for s, (t, r) in enumerate(zip(step_s, rewards))]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     ends = [1.0, 2.0, 3.0, 10.0]  # the last episode ends 7 s after the median (2.5) of a 10 s phase
-    episodes = [{"step": 0, "response_mask": [1] * (10 * (i + 1)), "timing": {"start": 0.0, "end": e},
+    turns = lambda i: [{"role": "assistant", "start": 0, "end": 5, "finish_reason": "stop"},  # noqa: E731
+                       {"role": "user", "start": 5, "end": 9},
+                       {"role": "assistant", "start": 9, "end": 12, "finish_reason": "length" if i < cut else "stop"},
+                       {"role": "assistant", "start": 12, "end": 12, "finish_reason": "length"}]  # empty: not counted
+    episodes = [{"step": 0, "response_mask": [1] * (10 * (i + 1)), "timing": {"start": 0.0, "end": e}, "turns": turns(i),
                  "policy_versions": {"min": 0, "max": 1 if i == 3 else 0, "turns": []}} for i, e in enumerate(ends)]
-    (run / "rollouts" / "step_000000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
-    (run / "run.json").write_text(json.dumps({"mode": "colocate_async", "wall_s": 70.0}))
+    (folder / "rollouts" / "step_000000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    (folder / "run.json").write_text(json.dumps({"arm": arm, "seed": seed, "commit": "c0ffee", "dirty": [],
+                                                 "wall_s": 70.0, "exit": 0}))
 
+
+def test_the_modes_summary_counts_each_trained_episode_once_and_reads_versions_and_stragglers(tmp_path):
+    """examples/learning_run_verl/modes.py on a colocate_async-shaped run: two steps trained on episodes
+    that one policy version rolled out together (dumped in one file), one episode spanning an update."""
+    modes = _modes()
+    run = tmp_path / "colocate_async_seed0"
+    _modes_run(run, "colocate_async", 0, (40.0, 20.0), (0.25, 0.5), cut=1)
     row = modes.summarize_run(run)
     assert row["steps"] == 2 and row["episodes_per_step"] == 2.0  # 4 episodes over 2 trained steps
     assert row["episodes_per_s"] == pytest.approx(2 / 30.0, abs=1e-3) and row["step_s"] == 30.0
     assert row["spanning_episodes"] == 1 and row["spans_max"] == 2
     assert row["straggler_share"] == pytest.approx(0.75)  # (10 - 2.5) / 10
+    assert row["cut_share"] == pytest.approx(1 / 8) and row["cut_share_by_version"] == {0: 0.125}
     assert (row["length_p50"], row["length_max"]) == (30, 40) and row["reward_per_step"] == [0.25, 0.5]
+    assert (row["reward_first_half"], row["reward_last_half"], row["reward_mean"]) == (0.25, 0.5, 0.375)
+
+
+def test_the_modes_table_pairs_arms_by_seed_and_recomputes_from_its_own_files(tmp_path):
+    """modes.py summarize: per arm the mean over seeds with a 95% interval, the per-seed ratio of seconds per
+    step to sync's run of the same seed; a failed run is listed but not averaged; given OUT's own files (the
+    committed metrics, episodes and run.json) it writes the same table again."""
+    modes = _modes()
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for seed, slow in ((0, 1.0), (1, 1.2), (2, 0.9)):
+        _modes_run(runs / f"sync_seed{seed}", "sync", seed, (60.0 * slow, 60.0 * slow), (0.1, 0.2), cut=1)
+        _modes_run(runs / f"colocate_async_seed{seed}", "colocate_async", seed, (30.0 * slow, 30.0 * slow), (0.1, 0.3),
+                   cut=3)
+    _modes_run(runs / "colocate_async_seed3", "colocate_async", 3, (30.0,), (0.0,))  # stopped after one step
+    info = json.loads((runs / "colocate_async_seed3" / "run.json").read_text())
+    (runs / "colocate_async_seed3" / "run.json").write_text(json.dumps({**info, "exit": 1}))
+    folders = sorted(p for p in runs.iterdir())
+    first = modes.summarize(folders, out)
+    arms = {a["arm"]: a for a in first["arms"]}
+    assert arms["colocate_async"]["runs"] == 4 and arms["colocate_async"]["complete"] == 3
+    ratio = arms["colocate_async"]["step_s_ratio_to_sync"]
+    assert ratio[0] == pytest.approx(0.5) and ratio[1] == ratio[2] == pytest.approx(0.5)  # the same ratio each seed
+    assert arms["sync"]["step_s"][0] == pytest.approx(62.0) and arms["sync"]["step_s"][1] < 62.0 < arms["sync"]["step_s"][2]
+    assert arms["colocate_async"]["reward_mean_minus_sync"][0] == pytest.approx(0.05)
+    assert arms["colocate_async"]["cut_share"][0] == pytest.approx(3 / 8) and arms["sync"]["cut_share"][0] == pytest.approx(1 / 8)
+    table = (out / "modes.md").read_text()
+    assert "c0ffee" in table and "| colocate_async | 3 | 1 | 1 |" in table  # the failed run has its row
+    again = modes.summarize([out / p.name for p in folders], out)
+    assert again["arms"] == first["arms"] and again["runs"] == first["runs"]
+    assert (out / "modes.png").stat().st_size > 10_000
+
+
+def test_the_modes_series_rotates_the_arms_and_refuses_a_dirty_tree(tmp_path, monkeypatch):
+    """modes.py series: each arm runs first, second and third once over three seeds; on a checkout with a
+    modified file it stops before any run with the file named."""
+    modes = _modes()
+    order = []
+    monkeypatch.setattr(modes, "source_state", lambda allow_dirty: {"commit": "c0ffee", "dirty": []})
+    monkeypatch.setattr(modes, "run", lambda arm, seed, overrides, runs, state: order.append((seed, arm)) or 0)
+    assert modes.series([0, 1, 2], 6, allow_dirty=False, runs=tmp_path) == 0
+    arms = list(modes.ARMS)
+    assert [a for _, a in order] == arms + arms[1:] + arms[:1] + arms[2:] + arms[:2]
+    for position in range(3):
+        assert sorted(a for i, (_, a) in enumerate(order) if i % 3 == position) == sorted(arms)
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (repo / "x.py").write_text("1\n")
+    git("add", "x.py")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x")
+    (repo / "x.py").write_text("2\n")
+    from verl_agentic.provenance import source_state
+    monkeypatch.setattr(modes, "source_state", lambda allow_dirty: source_state(allow_dirty, repo=repo))
+    order.clear()
+    with pytest.raises(SystemExit, match=r"x\.py"):
+        modes.series([0], 6, allow_dirty=False, runs=tmp_path)
+    assert order == []
 
 
 def test_the_precision_comparison_summarizes_each_arm(tmp_path):
