@@ -478,6 +478,10 @@ def test_episodes_of_verls_agent_loop_are_recorded_beside_the_dump_and_replay(ti
     recs = _lines(dump / "recordings" / "step_000000" / "recording.jsonl")
     # verl's trainer gives a prompt's n samples one sample id: the plugin's request id tells them apart
     assert len(trajs) == 6 and len({r["episode_id"] for r in recs}) == 6
+    for e in trajs:  # each request's latency as the loop saw it: one per assistant turn, summing to generate_s
+        spoken = [t for t in e["turns"] if t["role"] == "assistant"]
+        assert len(e["timing"]["requests_s"]) == len(spoken) and all(s > 0 for s in e["timing"]["requests_s"])
+        assert sum(e["timing"]["requests_s"]) == pytest.approx(e["timing"]["generate_s"], abs=2e-3)
     t = trajs[3]
     (rec,) = [r for r in recs if r["outcome"]["response_ids"] == t["response_ids"]]
     assert rec["uid"] == t["uid"] and rec["ctx"]["task_config"]["feedback"] == "always_verify"

@@ -27,7 +27,15 @@ def _plain(value: Any) -> Any:
 class DumpingToolAgentLoop(ToolAgentLoop):
     async def _handle_pending_state(self, agent_data, sampling_params):
         self._bench_agent_data = agent_data  # one loop object per episode
+        self._bench_requests_s = []
         return await super()._handle_pending_state(agent_data, sampling_params)
+
+    async def _handle_generating_state(self, agent_data, sampling_params, ignore_termination=False):
+        # each request's latency as verl's loop times it (its ``generate_sequences`` timer, summed per episode)
+        before = agent_data.metrics.get("generate_sequences", 0.0)
+        state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+        self._bench_requests_s.append(agent_data.metrics.get("generate_sequences", 0.0) - before)
+        return state
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
         output = await super().run(sampling_params, **kwargs)
@@ -61,9 +69,12 @@ class DumpingToolAgentLoop(ToolAgentLoop):
             "index": int(_plain(kwargs.get("extra_info") or {}).get("index", -1)), "sample_id": 0,
             "prompt_ids": list(output.prompt_ids), "response_ids": list(output.response_ids), "response_mask": mask,
             "response_logprobs": [lp if m == 1 else None for lp, m in zip(logprobs, mask)],
-            "messages": messages, "turns": turns, "tools": _plain(getattr(data, "_active_tool_schemas", None)),
+            "messages": messages, "num_prompt_messages": n_prompt, "turns": turns,
+            "tools": _plain(getattr(data, "_active_tool_schemas", None)),
             "num_turns": output.num_turns, "finish_reason": turns[-1].get("finish_reason") if turns else None,
             "error": None, "metrics": {"tool_calls": sum(1 for t in turns if t["role"] == "tool")},
+            "timing": {"generate_s": round(sum(self._bench_requests_s), 3),
+                       "requests_s": [round(x, 4) for x in self._bench_requests_s]},
         }
         with open(os.environ["BENCH_DUMP"], "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -107,7 +107,8 @@ def load_interactions(config: Union[str, Path, dict, list, None]) -> Interaction
         try:
             cls = INTERACTION_CLASSES.get_or_import(entry["class_name"])
         except ConfigError as e:
-            if "verl.interactions" not in str(e):
+            missing = getattr(e.__cause__, "name", None) or ""  # ModuleNotFoundError.name: the module not found
+            if not (missing == "verl.interactions" or missing.startswith("verl.interactions.")):
                 raise
             raise ConfigError(f"{e}. verl removed verl.interactions in 0.8: in {entry['class_name']!r}'s module change "
                               "`from verl.interactions.base import BaseInteraction` to `from verl_agentic.interactions "

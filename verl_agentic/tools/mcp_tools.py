@@ -179,9 +179,10 @@ class MCPSession:
         except Exception as e:
             raise ConfigError(self._start_error(_describe(e))) from None
 
-    async def call(self, name: str, arguments: dict, timeout_s: Optional[float]) -> Any:
-        """tools/call on the shared session; cancelling the awaiting task cancels the request."""
-        fut = asyncio.run_coroutine_threadsafe(self._call(name, arguments, timeout_s), self._loop)
+    async def call(self, name: str, arguments: dict) -> Any:
+        """tools/call on the shared session; cancelling the awaiting task cancels the request (the time limit
+        is the caller's: the ToolRunner's ``call_timeout_s`` cancels it)."""
+        fut = asyncio.run_coroutine_threadsafe(self._call(name, arguments), self._loop)
         return await asyncio.wrap_future(fut)
 
     def close(self) -> None:
@@ -253,7 +254,7 @@ class MCPSession:
         if end is not None:
             end.set()
 
-    async def _call(self, name: str, arguments: dict, timeout_s: Optional[float]) -> Any:
+    async def _call(self, name: str, arguments: dict) -> Any:
         again = "it is started again at the next call" if self.spec.command else "the next call connects again"
         try:
             client = await self._connected()
@@ -261,7 +262,7 @@ class MCPSession:
             raise ServerGone(f"MCP server {self.spec.label} is not reachable ({_describe(e)}); {again}") from None
         end = self._end
         try:
-            return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+            return await client.call_tool(name, arguments)
         except self.mcp.MCPError as e:
             if e.code != _connection_closed():
                 raise
@@ -358,7 +359,7 @@ class MCPTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs: Any) -> ToolResult:
         try:
-            result = await self.session.call(self.name, parameters, None)
+            result = await self.session.call(self.name, parameters)
         except ServerGone as e:
             return ToolResult(f"Error: {e}", status="error")
         return mcp_result(self.name, result)

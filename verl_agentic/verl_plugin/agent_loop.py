@@ -450,7 +450,8 @@ class TaskAgentLoop(AgentLoopBase):
         version the episode was generated with (the rollout's ``global_steps``; 0 before the first
         update); ``policy_versions`` holds the oldest, the newest and each turn's ``[min, max]`` (an
         async trainer's partial rollouts span several); ``timing`` the episode's start and end (wall
-        clock) and its seconds waiting for the server (the long tail of a step shows there). Each line
+        clock), its seconds waiting for the server (the long tail of a step shows there) and each
+        request's (``requests_s``). Each line
         is appended whole under the file's lock (``JsonLinesAppender``): safe across agent-loop workers,
         and a line torn by a worker killed mid-write is cut off before the next one is appended."""
         trainer = self.config.get("trainer") or {}
@@ -463,7 +464,8 @@ class TaskAgentLoop(AgentLoopBase):
         folder = os.path.join(str(root), "rollouts_val" if validation else "rollouts")
         os.makedirs(folder, exist_ok=True)
         versions = {"min": backend.min_global_steps, "max": backend.max_global_steps, "turns": backend.turn_versions}
-        timing = {"start": round(started, 3), "end": round(time.time(), 3), "generate_s": round(backend.generate_s, 3)}
+        timing = {"start": round(started, 3), "end": round(time.time(), 3), "generate_s": round(backend.generate_s, 3),
+                  "requests_s": [round(s, 4) for s in backend.request_s]}
         line = json.dumps({**traj, "step": int(step), "agent_name": self.agent_name, "policy_versions": versions,
                            "timing": timing}, ensure_ascii=False, default=str) + "\n"
         with JsonLinesAppender(os.path.join(folder, f"step_{int(step):06d}.jsonl")) as out:

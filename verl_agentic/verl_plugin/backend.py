@@ -89,7 +89,8 @@ class ServerManagerBackend(GenerationBackend):
         request_id: the episode's request id (verl's sticky session).
         generate_kwargs: extra keyword arguments for every ``generate`` call (``priority``).
 
-    After the episode: ``generate_s`` (seconds waiting for the server), ``num_preempted``
+    After the episode: ``generate_s`` (seconds waiting for the server) and ``request_s`` (each
+    request's, in order: the per-request latency as the loop saw it), ``num_preempted``
     (summed over turns; None when the server never reported it), ``min_global_steps`` /
     ``max_global_steps`` (the oldest and newest policy version any of its tokens came from, when
     reported: verl uses them for off-policy staleness), and ``turn_versions``, each turn's
@@ -106,6 +107,7 @@ class ServerManagerBackend(GenerationBackend):
         self.request_id = request_id
         self.generate_kwargs = dict(generate_kwargs or {})
         self.generate_s = 0.0
+        self.request_s: list[float] = []
         self.num_requests = 0
         self.num_preempted: Optional[int] = None
         self.min_global_steps: Any = None
@@ -121,7 +123,9 @@ class ServerManagerBackend(GenerationBackend):
             out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
                                                      sampling_params=params, **self.generate_kwargs)
         finally:
-            self.generate_s += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.generate_s += took
+            self.request_s.append(took)
             self.num_requests += 1
         if out.stop_reason in ("aborted", "abort"):
             raise RuntimeError(f"request {self.request_id}: the server aborted the generation")
