@@ -211,16 +211,41 @@ def test_the_modes_table_pairs_arms_by_seed_and_recomputes_from_its_own_files(tm
     first = modes.summarize(folders, out)
     arms = {a["arm"]: a for a in first["arms"]}
     assert arms["colocate_async"]["runs"] == 4 and arms["colocate_async"]["complete"] == 3
-    ratio = arms["colocate_async"]["step_s_ratio_to_sync"]
-    assert ratio[0] == pytest.approx(0.5) and ratio[1] == ratio[2] == pytest.approx(0.5)  # the same ratio each seed
+    (pair,) = [p for p in first["comparisons"] if (p["arm"], p["baseline"]) == ("colocate_async", "sync")]
+    assert pair["seeds"] == [0, 1, 2] and pair["step_s_ratio"][0] == pytest.approx(0.5)
+    assert pair["step_s_ratio"][1] == pair["step_s_ratio"][2] == pytest.approx(0.5)  # the same ratio each seed
+    assert pair["speed"] == "faster" and pair["reward"] == "higher"  # +0.05 each seed: a zero-width interval
+    assert pair["reward_mean_diff"][0] == pytest.approx(0.05) and pair["cut_share_higher_in"] == 3
+    assert pair["cut_share_diff"][0] == pytest.approx(2 / 8)
+    assert [(p["arm"], p["baseline"]) for p in first["comparisons"]] == [("colocate_async", "sync")]  # no TIS runs
     assert arms["sync"]["step_s"][0] == pytest.approx(62.0) and arms["sync"]["step_s"][1] < 62.0 < arms["sync"]["step_s"][2]
-    assert arms["colocate_async"]["reward_mean_minus_sync"][0] == pytest.approx(0.05)
     assert arms["colocate_async"]["cut_share"][0] == pytest.approx(3 / 8) and arms["sync"]["cut_share"][0] == pytest.approx(1 / 8)
+    assert modes._reading([1.0, 0.9, 1.1], 1.0, ("faster", "slower")) == "not ranked"
+    assert modes._reading([0.9, 0.85, 0.95], 1.0, ("faster", "slower")) == "faster"
     table = (out / "modes.md").read_text()
     assert "c0ffee" in table and "| colocate_async | 3 | 1 | 1 |" in table  # the failed run has its row
-    again = modes.summarize([out / p.name for p in folders], out)
+    again = modes.summarize([out], out)  # `summarize OUT --out OUT`: from the committed files alone
     assert again["arms"] == first["arms"] and again["runs"] == first["runs"]
+    assert again["comparisons"] == first["comparisons"]
     assert (out / "modes.png").stat().st_size > 10_000
+
+
+def test_the_committed_modes_comparison_is_what_its_files_say(tmp_path):
+    """examples/learning_run_verl/modes_prereg (PREREG_modes.md's nine runs): recomputed from its committed
+    files, the table is the committed one; every run is there, from one clean commit, and exited 0."""
+    import shutil
+
+    modes = _modes()
+    committed = ROOT / "examples" / "learning_run_verl" / "modes_prereg"
+    work = tmp_path / "modes_prereg"
+    shutil.copytree(committed, work)
+    again = modes.summarize([work], work)
+    assert json.loads(json.dumps(again)) == json.loads((committed / "modes.json").read_text())
+    assert (work / "modes.md").read_text() == (committed / "modes.md").read_text()
+    runs = {(r["arm"], r["seed"]) for r in again["runs"]}
+    assert runs == {(a, s) for a in modes.ARMS for s in modes.SERIES_SEEDS}
+    assert len(again["commits"]) == 1 and all(r["dirty"] == [] and r["exit"] == 0 for r in again["runs"])
+    assert all(r["steps"] == modes.SERIES_STEPS for r in again["runs"])
 
 
 def test_the_modes_series_rotates_the_arms_and_refuses_a_dirty_tree(tmp_path, monkeypatch):

@@ -26,9 +26,11 @@ that fails is a failed run in the table, not a dropped one.
 ``summarize`` reads each run folder (verl's ``metrics.jsonl``, our trajectory dump with each episode's timing
 and policy versions) and writes into OUT: ``<run>.metrics.jsonl`` (verl's metrics, unchanged),
 ``<run>.episodes.jsonl`` (each trained episode in a few fields: its versions, timing, generated tokens and
-how each assistant turn ended), ``<run>.run.json``; then ``modes.json``, ``modes.md`` (a row per run and a row
-per arm: the mean over seeds with its 95% interval, and the per-seed ratio to ``sync``) and ``modes.png``.
-Given OUT's own files (``OUT/*.metrics.jsonl``) it recomputes the same table. Per run:
+how each assistant turn ended), ``<run>.run.json``; then ``modes.json``, ``modes.md`` (a row per run, a row
+per arm: the mean over seeds with its 95% interval, and a row per comparison of PREREG_modes.md, paired by
+seed: the ratio of seconds per step, the differences of mean reward and cut share, and what the criteria
+say of them) and ``modes.png``.
+Given OUT itself (``summarize OUT --out OUT``) it recomputes the same table from OUT's files. Per run:
 
 - ``step_s``: verl's ``timing_s/step`` (mean over the steps); ``gen_s``: its ``timing_s/gen``, the time the
   trainer waited for its batch; ``episodes_per_s``: episodes trained on per second of training;
@@ -206,21 +208,48 @@ def interval(values: list[float]) -> list[float | None]:
 ARM_KEYS = ("step_s", "gen_s", "update_s", "cut_share", "spanning_episodes", "reward_mean")
 
 
-def summarize_arms(rows: list[dict], baseline: str = "sync") -> list[dict]:
-    """Per arm, over its runs that trained every step: each key's mean and 95% interval, and the per-seed
-    ratio of ``step_s`` to the baseline arm's run of the same seed (and the difference of ``reward_mean``)."""
+def _complete(rows: list[dict]) -> list[dict]:
+    """The runs that exited 0 and trained every step (a failed run is listed, not averaged)."""
     full = max((r["steps"] for r in rows), default=0)
-    ok = [r for r in rows if r["exit"] in (0, None) and r["steps"] == full]
-    base = {r["seed"]: r for r in ok if r["arm"] == baseline}
+    return [r for r in rows if r["exit"] in (0, None) and r["steps"] == full]
+
+
+def summarize_arms(rows: list[dict]) -> list[dict]:
+    """Per arm, over its complete runs: each key's mean and 95% interval."""
+    ok = _complete(rows)
+    return [{"arm": arm, "runs": sum(r["arm"] == arm for r in rows), "complete": sum(r["arm"] == arm for r in ok),
+             **{k: interval([r[k] for r in ok if r["arm"] == arm and r[k] is not None]) for k in ARM_KEYS}}
+            for arm in dict.fromkeys(r["arm"] for r in rows)]
+
+
+# PREREG_modes.md's comparisons: each arm against its baseline, paired by seed
+PAIRS = (("colocate_async", "sync"), ("colocate_async_tis", "sync"), ("colocate_async_tis", "colocate_async"))
+
+
+def compare(rows: list[dict], pairs=PAIRS) -> list[dict]:
+    """Per pair and seed (both runs complete): the ratio of seconds per step, the difference of the mean
+    reward and of the cut share; the mean of each with its 95% interval, and PREREG's reading of it."""
+    by = {(r["arm"], r["seed"]): r for r in _complete(rows)}
     out = []
-    for arm in dict.fromkeys(r["arm"] for r in rows):
-        runs = [r for r in ok if r["arm"] == arm]
-        paired = [(r, base[r["seed"]]) for r in runs if r["seed"] in base]
-        out.append({"arm": arm, "runs": len([r for r in rows if r["arm"] == arm]), "complete": len(runs),
-                    **{k: interval([r[k] for r in runs if r[k] is not None]) for k in ARM_KEYS},
-                    f"step_s_ratio_to_{baseline}": interval([r["step_s"] / b["step_s"] for r, b in paired]),
-                    f"reward_mean_minus_{baseline}": interval([r["reward_mean"] - b["reward_mean"] for r, b in paired])})
+    for arm, base in pairs:
+        seeds = sorted(s for a, s in by if a == arm and (base, s) in by)
+        if not seeds:
+            continue
+        ratio = interval([by[(arm, s)]["step_s"] / by[(base, s)]["step_s"] for s in seeds])
+        reward = interval([by[(arm, s)]["reward_mean"] - by[(base, s)]["reward_mean"] for s in seeds])
+        cut = [by[(arm, s)]["cut_share"] - by[(base, s)]["cut_share"] for s in seeds]
+        out.append({"arm": arm, "baseline": base, "seeds": seeds, "step_s_ratio": ratio, "reward_mean_diff": reward,
+                    "cut_share_diff": interval(cut), "cut_share_higher_in": sum(c > 0 for c in cut),
+                    "speed": _reading(ratio, 1.0, ("faster", "slower")),
+                    "reward": _reading(reward, 0.0, ("lower", "higher"))})
     return out
+
+
+def _reading(iv: list, null: float, words: tuple[str, str]) -> str:
+    """``words[0]`` if the whole 95% interval is below ``null``, ``words[1]`` if above, else not ranked."""
+    if iv[1] is None:
+        return "not ranked (one seed)"
+    return words[0] if iv[2] < null else words[1] if iv[1] > null else "not ranked"
 
 
 RUN_COLUMNS = ("arm", "seed", "exit", "steps", "step_s", "gen_s", "update_s", "episodes_per_s", "length_p50",
@@ -236,6 +265,8 @@ def _cell(v) -> str:
 
 def summarize(folders: list[Path], out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    if [f.resolve() for f in folders] == [out.resolve()]:  # OUT alone: its committed runs
+        folders = [out / f.name.removesuffix(".run.json") for f in sorted(out.glob("*.run.json"))]
     rows = []
     for folder in folders:
         if folder.parent.resolve() == out.resolve():  # OUT's own files: recompute the committed table
@@ -249,18 +280,22 @@ def summarize(folders: list[Path], out: Path) -> dict:
             shutil.copy(folder / "run.json", out / f"{folder.name}.run.json")
         (out / f"{folder.name}.episodes.jsonl").write_text(
             "".join(json.dumps(e) + "\n" for e in run_episodes(folder)))
-    arms = summarize_arms(rows)
+    arms, pairs = summarize_arms(rows), compare(rows)
     commits = sorted({r["commit"] for r in rows if r["commit"]})
-    result = {"commits": commits, "runs": rows, "arms": arms}
+    result = {"commits": commits, "runs": rows, "arms": arms, "comparisons": pairs}
     (out / "modes.json").write_text(json.dumps(result, indent=1))
     lines = [f"Commit {', '.join(c[:7] for c in commits) or '?'}; each arm: the mean over its complete runs "
              f"[95% interval, Student's t over seeds].", "",
              "| " + " | ".join(RUN_COLUMNS) + " |", "|" + " --- |" * len(RUN_COLUMNS)]
     lines += ["| " + " | ".join(_cell(r[c]) for c in RUN_COLUMNS) + " |" for r in rows]
-    arm_columns = ["arm", "runs", "complete", *ARM_KEYS, *[k for k in arms[0] if "_to_" in k or "_minus_" in k]] \
-        if arms else []
+    arm_columns = ["arm", "runs", "complete", *ARM_KEYS]
     lines += ["", "| " + " | ".join(arm_columns) + " |", "|" + " --- |" * len(arm_columns)]
     lines += ["| " + " | ".join(_cell(a[c]) for c in arm_columns) + " |" for a in arms]
+    pair_columns = ["arm", "baseline", "seeds", "step_s_ratio", "speed", "reward_mean_diff", "reward", "cut_share_diff",
+                    "cut_share_higher_in"]
+    lines += ["", "| " + " | ".join(pair_columns) + " |", "|" + " --- |" * len(pair_columns)]
+    lines += ["| " + " | ".join(_cell(p[c]) if c != "seeds" else ", ".join(map(str, p[c])) for c in pair_columns)
+              + " |" for p in pairs]
     (out / "modes.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out / "modes.png")
     print("\n".join(lines))
