@@ -21,7 +21,8 @@ model the same prompt. **SmolLM2-135M calls no tool from a prompt**: greedy, on 
 problems, 0 of 12 answers called the calculator with no solved example, with one and with two
 (``--shots``, ``FEW_SHOT``: solved examples in which the assistant calls it), and 0 of 8 with the user
 message also saying "First call the calculator tool." (2026-11-27). So the episodes are single-turn unless
-``--model`` names a model that calls tools (a checkpoint tuned to, with the same tokenizer). A seed picks the
+``--model`` names a model that calls tools: ``bench/agent_loops/tool_sft.py`` makes one (a short fine-tune on
+GSM8K train problems written as calculator episodes; greedy, 12 of 12 test problems then start with a call). A seed picks the
 problems (``--prompts`` of GSM8K's test set); sampling is greedy, so the two loops' episodes of a seed can be
 compared token for token.
 

@@ -93,3 +93,31 @@ def test_the_table_pairs_the_loops_by_seed_and_recomputes_from_its_files(tmp_pat
     (tmp_path / "results.json").unlink()
     assert bench.collect(argparse.Namespace(work=tmp_path / "no_runs_here", out=tmp_path)) == 0
     assert json.loads((tmp_path / "results.json").read_text()) == json.loads(first)
+
+
+def test_the_tool_calling_fine_tune_trains_on_the_assistants_calls_and_answer_only():
+    """bench/agent_loops/tool_sft.py: a GSM8K train row becomes a tool episode from its own annotated
+    calculations, and the mask is 1 on exactly the assistant messages' tokens (calls, answer, end of turn)."""
+    spec = importlib.util.spec_from_file_location("va_tool_sft", ROOT / "bench" / "agent_loops" / "tool_sft.py")
+    sft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sft)
+    from transformers import AutoTokenizer
+
+    from verl_agentic.models.embedded import embedded_model_dir
+    from verl_agentic.tools.calculator import CalculatorTool
+
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    messages = sft.episode("How many clips?", solution, calls=2)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["24", "72"]
+    assert messages[-1]["content"].endswith("#### 72") and sft.episode("q", "no calculation\n#### 3", 2) is None
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir(quiet=True))
+    tok.chat_template = sft.TEMPLATE.read_text()
+    ids, mask = sft.tokens_and_mask(tok, messages, [CalculatorTool.DEFAULT_SCHEMA])
+    assert ids == tok(tok.apply_chat_template(messages, tools=[CalculatorTool.DEFAULT_SCHEMA], tokenize=False),
+                      add_special_tokens=False)["input_ids"]
+    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == ('\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48/2"}}\n</tool_call><|im_end|>'
+                       '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48+24"}}\n</tool_call><|im_end|>'
+                       'The answer is 72.\n#### 72<|im_end|>')
+    assert "How many clips?" not in trained and "<tool_response>" not in trained
