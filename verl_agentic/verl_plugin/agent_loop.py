@@ -451,9 +451,9 @@ class TaskAgentLoop(AgentLoopBase):
         update); ``policy_versions`` holds the oldest, the newest and each turn's ``[min, max]`` (an
         async trainer's partial rollouts span several); ``timing`` the episode's start and end (wall
         clock), its seconds waiting for the server (the long tail of a step shows there) and each
-        request's (``requests_s``). Each line
-        is appended whole under the file's lock (``JsonLinesAppender``): safe across agent-loop workers,
-        and a line torn by a worker killed mid-write is cut off before the next one is appended."""
+        request's (``requests_s``). Each line is appended whole under the file's lock
+        (``JsonLinesAppender``): safe across agent-loop workers, and a line torn by a worker killed
+        mid-write is cut off before the next one is appended."""
         trainer = self.config.get("trainer") or {}
         validation = self._is_validation(sampling_params)
         root = (trainer.get("validation_data_dir") or trainer.get("rollout_data_dir")) if validation \
