@@ -19,7 +19,7 @@ SmolLM2's chat template ignores ``tools=``; both runs use a copy of the model fo
 renders them as Qwen2.5's does (``bench/agent_loops/smollm2_tools.jinja``), so both loops show the
 model the same prompt. **SmolLM2-135M calls no tool from a prompt**: greedy, on the first GSM8K test
 problems, 0 of 12 answers called the calculator with no solved example, with one and with two
-(``--shots``, ``FEW_SHOT``: solved examples in which the assistant calls it), and 0 of 8 with the user
+(``--shots``, ``few_shot()``: solved examples in which the assistant calls it), and 0 of 8 with the user
 message also saying "First call the calculator tool." (2026-11-27). So the episodes are single-turn unless
 ``--model`` names a model that calls tools: ``bench/agent_loops/tool_sft.py`` makes one (a short fine-tune on
 GSM8K train problems written as calculator episodes; greedy, 12 of 12 test problems then start with a call). A seed picks the
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -54,30 +53,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
+from verl_agentic.stats import mean_interval, quantile  # noqa: E402
 HERE = REPO / "bench" / "agent_loops"
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 LOOPS = ("task_agent", "tool_agent")
 WORK = Path("/tmp/verl_agentic_agent_loops")
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def _solved(question: str, expression: str, value: str, answer: str) -> list[dict]:
+def calculator_episode(question: str, calls: list[tuple[str, str]], answer: str) -> list[dict]:
+    """A solved GSM8K-style problem as messages: the user's question with the task's instruction, one
+    assistant turn per ``(expression, value)`` calling the calculator and its reply, then ``answer``.
+    The few-shot examples here and ``agent_loops/tool_sft.py``'s training episodes are both made by it."""
     from verl_agentic.tasks.gsm8k.texts import INSTRUCTION
 
-    call = {"type": "function", "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
-    return [{"role": "user", "content": f"{question}\n{INSTRUCTION}"},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": value},
-            {"role": "assistant", "content": answer}]
+    messages = [{"role": "user", "content": f"{question}\n{INSTRUCTION}"}]
+    for expression, value in calls:
+        call = {"type": "function", "function": {"name": "calculator",
+                                                 "arguments": json.dumps({"expression": expression})}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": value}]
+    return messages + [{"role": "assistant", "content": answer}]
 
 
 def few_shot(shots: int) -> list[dict]:
     """``shots`` solved examples (0-2) in which the assistant calls the calculator, to put before a problem."""
     examples = [
-        _solved("A baker makes 12 loaves a day for 7 days. How many loaves does he make?", "12 * 7", "84",
-                "He makes 84 loaves.\n#### 84"),
-        _solved("Sara has 45 stickers and gives away 17. How many are left?", "45 - 17", "28",
-                "She has 28 stickers left.\n#### 28"),
+        calculator_episode("A baker makes 12 loaves a day for 7 days. How many loaves does he make?",
+                           [("12 * 7", "84")], "He makes 84 loaves.\n#### 84"),
+        calculator_episode("Sara has 45 stickers and gives away 17. How many are left?",
+                           [("45 - 17", "28")], "She has 28 stickers left.\n#### 28"),
     ]
     return [m for example in examples[:shots] for m in example]
 
@@ -191,13 +194,6 @@ def compact(episode: dict) -> dict:
             "tokens_sha1": hashlib.sha1(json.dumps(episode["response_ids"]).encode()).hexdigest()[:16]}
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile, interpolated between the nearest values (numpy's default)."""
-    if len(values) < 2:
-        return values[0] if values else None
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def summarize_run(loop: str, episodes: list[dict], metrics_rows: list[dict], drift: dict | None, info: dict) -> dict:
     steps: dict[int, dict] = {}
     for row in metrics_rows:
@@ -210,8 +206,8 @@ def summarize_run(loop: str, episodes: list[dict], metrics_rows: list[dict], dri
             "steps": len(steps), "episodes": len(episodes),
             "tool_calls_per_episode": round(sum(e["tool_calls"] for e in episodes) / max(1, len(episodes)), 3),
             "episodes_with_tool_calls": sum(e["tool_calls"] > 0 for e in episodes),
-            "requests": len(requests), "request_s_p50": r3(_percentile(requests, 0.5)),
-            "request_s_p90": r3(_percentile(requests, 0.9)),
+            "requests": len(requests), "request_s_p50": r3(quantile(requests, 0.5)),
+            "request_s_p90": r3(quantile(requests, 0.9)),
             "request_s_mean": r3(statistics.mean(requests)) if requests else None,
             "episodes_per_s": round(len(episodes) / gen_s, 3) if gen_s else None,
             "step_s": round(statistics.mean(m["timing_s/step"] for m in steps.values()), 1) if steps else None,
@@ -220,14 +216,8 @@ def summarize_run(loop: str, episodes: list[dict], metrics_rows: list[dict], dri
 
 
 def interval(values: list[float]) -> list[float | None]:
-    """``[mean, low, high]`` (95%, Student's t; no interval under 2 values)."""
-    if not values:
-        return [None, None, None]
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return [round(mean, 4), None, None]
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return [round(mean, 4), round(mean - half, 4), round(mean + half, 4)]
+    """``[mean, low, high]`` (95%, ``verl_agentic.stats``; no interval under 2 values)."""
+    return list(mean_interval(values, digits=4))
 
 
 def identical(a: list[dict], b: list[dict]) -> int:

@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parent.parent / "verl_agentic"
 
 # lowest first; the longest matching prefix decides a module's layer
 LAYERS: list[tuple[str, ...]] = [
-    ("interfaces",),
+    ("interfaces", "stats"),  # stats: the result tables' numbers (standard library only)
     ("registry", "serving", "isolation", "models", "jsonl", "provenance", "monitors", "shm",
      "record"),  # the tape every door records on (tools, interactions and the HTTP clients are its doors)
     ("tools", "interactions", "reward", "sandbox.runtime", "sandbox.client", "envserver.client"),

@@ -190,7 +190,8 @@ def test_the_modes_summary_counts_each_trained_episode_once_and_reads_versions_a
     assert row["spanning_episodes"] == 1 and row["spans_max"] == 2
     assert row["straggler_share"] == pytest.approx(0.75)  # (10 - 2.5) / 10
     assert row["cut_share"] == pytest.approx(1 / 8) and row["cut_share_by_version"] == {0: 0.125}
-    assert (row["length_p50"], row["length_max"]) == (30, 40) and row["reward_per_step"] == [0.25, 0.5]
+    assert (row["length_p50"], row["length_max"]) == (25, 40)  # lengths 10, 20, 30, 40: the median interpolated
+    assert row["reward_per_step"] == [0.25, 0.5]
     assert (row["reward_first_half"], row["reward_last_half"], row["reward_mean"]) == (0.25, 0.5, 0.375)
 
 

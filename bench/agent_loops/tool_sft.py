@@ -28,27 +28,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 TEMPLATE = REPO / "bench" / "agent_loops" / "smollm2_tools.jinja"
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 
 
 def episode(question: str, solution: str, calls: int) -> list[dict] | None:
     """A GSM8K train row as a tool episode, or None when its solution has no annotated calculation."""
+    from agent_loops_vllm import calculator_episode
+
     from verl_agentic.tasks.gsm8k.answer import ground_truth_from_solution
-    from verl_agentic.tasks.gsm8k.texts import INSTRUCTION
 
     found = ANNOTATION.findall(solution)[:calls]
     if not found:
         return None
-    messages = [{"role": "user", "content": f"{question}\n{INSTRUCTION}"}]
-    for expression, value in found:
-        call = {"type": "function", "function": {"name": "calculator",
-                                                 "arguments": json.dumps({"expression": expression.strip()})}}
-        messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
-                     {"role": "tool", "content": value.strip()}]
     answer = ground_truth_from_solution(solution)
-    messages.append({"role": "assistant", "content": f"The answer is {answer}.\n#### {answer}"})
-    return messages
+    return calculator_episode(question, [(e.strip(), v.strip()) for e, v in found],
+                              f"The answer is {answer}.\n#### {answer}")
 
 
 def tokens_and_mask(tokenizer, messages: list[dict], tools: list[dict]) -> tuple[list[int], list[int]]:
@@ -117,7 +113,7 @@ def main() -> None:
             labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
             loss = model(input_ids=x, labels=labels).loss
             (loss / 8).backward()
-            total += float(loss)
+            total += loss.item()
             if (k + 1) % 8 == 0 or k + 1 == len(order):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

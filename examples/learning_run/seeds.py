@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from verl_agentic.jsonl import read_json_lines
 from verl_agentic.provenance import DirtyTree, source_state
+from verl_agentic.stats import mean_interval
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -37,7 +37,6 @@ HELDOUT = HERE / "heldout.jsonl"
 RUNS = REPO / "outputs" / "learning_run"
 VALIDATION = [f"data.val_path={HELDOUT.relative_to(REPO)}", "trainer.test_freq=10"]
 MIN_GAIN = 0.2
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def run(seeds: list[int], allow_dirty: bool, runs: Path = RUNS, script: str = "examples/learning_run/run.sh") -> int:
@@ -89,14 +88,8 @@ def seed_result(folder: Path) -> dict:
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
-    """The mean and its 95% interval (Student's t)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan"), float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    """The mean and its 95% interval (``verl_agentic.stats``); NaN where undefined, as the table prints it."""
+    return tuple(float("nan") if x is None else x for x in mean_interval(values))
 
 
 def summarize(out: Path, runs: Path = RUNS) -> int:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -66,6 +65,7 @@ sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from verl_agentic.jsonl import read_json_lines  # noqa: E402
 from verl_agentic.provenance import DirtyTree, source_state  # noqa: E402
+from verl_agentic.stats import mean_interval, quantile  # noqa: E402
 
 RUNS = REPO / "outputs" / "learning_run_verl" / "modes"
 ARMS = {
@@ -76,7 +76,6 @@ ARMS = {
 }
 SERIES_SEEDS = (0, 1, 2)
 SERIES_STEPS = 6
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def run(arm: str, seed: int, overrides: list[str], runs: Path = RUNS, state: dict | None = None) -> int:
@@ -129,11 +128,6 @@ def run_episodes(folder: Path) -> list[dict]:
     return read_json_lines(saved) if saved.is_file() else []
 
 
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 def _share(flags: list[bool]) -> float | None:
     return round(sum(flags) / len(flags), 3) if flags else None
 
@@ -175,8 +169,8 @@ def summarize_run(folder: Path, metrics: Path | None = None, run_info: Path | No
         "step_s": mean("timing_s/step"), "gen_s": mean("timing_s/gen"), "update_s": mean("timing_s/update_actor"),
         "episodes_per_step": round(batch, 1),
         "episodes_per_s": round(batch / statistics.mean(step_s), 3) if step_s else None,
-        "length_p50": _percentile(lengths, 0.5) if lengths else None,
-        "length_p90": _percentile(lengths, 0.9) if lengths else None, "length_max": max(lengths, default=None),
+        "length_p50": quantile(lengths, 0.5),
+        "length_p90": quantile(lengths, 0.9), "length_max": max(lengths, default=None),
         "straggler_share": round(statistics.mean(shares), 3) if shares else None,
         "cut_share": _share([f == "length" for e in episodes for f in e["assistant_turns"]]),
         "cut_share_by_version": {v: _share([f == "length" for e in g for f in e["assistant_turns"]])
@@ -195,14 +189,8 @@ def summarize_run(folder: Path, metrics: Path | None = None, run_info: Path | No
 
 
 def interval(values: list[float]) -> list[float | None]:
-    """``[mean, low, high]``: the mean and its 95% interval (Student's t; no interval under 2 values)."""
-    if not values:
-        return [None, None, None]
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return [round(mean, 3), None, None]
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return [round(mean, 3), round(mean - half, 3), round(mean + half, 3)]
+    """``[mean, low, high]``: the mean and its 95% interval (``verl_agentic.stats``; none under 2 values)."""
+    return list(mean_interval(values, digits=3))
 
 
 ARM_KEYS = ("step_s", "gen_s", "update_s", "cut_share", "spanning_episodes", "reward_mean")
