@@ -29,11 +29,12 @@ compared token for token.
 ``series`` runs, for each seed, both loops one after the other, the order alternating from seed to seed
 (A B, B A, A B), into ``--work``; it refuses a checkout with uncommitted changes (``--allow-dirty`` marks the
 results). ``summarize`` writes into ``--out`` each run's episodes in a few fields (``<loop>_seed<N>.episodes.jsonl``:
-the problem, the assistant turns, the tool calls, each request's seconds, a hash of the generated tokens),
+the problem, the assistant turns, the tool calls, each request's seconds, a hash of the generated tokens and one of the whole response),
 verl's metrics and ``run.json``, then ``results.json`` and ``results.md``: per run and per loop (the mean over
 seeds, 95% interval) the tool calls per episode, the per-request latency measured by the loops themselves
 (p50, p90, mean), the episodes per second of verl's generation phase, the step time, our drift report on each
-loop's episodes, and per seed how many episodes the two loops generated token for token alike. Given
+loop's episodes, and per seed how many episodes the two loops generated token for token alike (and how many whole
+responses, the injected tool turns too, are alike). Given
 ``--out``'s own files it recomputes the same table.
 """
 
@@ -191,7 +192,13 @@ def compact(episode: dict) -> dict:
             "assistant_turns": sum(t["role"] == "assistant" for t in episode["turns"]),
             "tool_calls": sum(t["role"] == "tool" for t in episode["turns"]),
             "generated": sum(episode["response_mask"]), "requests_s": timing.get("requests_s") or [],
-            "tokens_sha1": hashlib.sha1(json.dumps(episode["response_ids"]).encode()).hexdigest()[:16]}
+            # the generated tokens (mask 1) and, apart, the whole response (the injected turns too)
+            "generated_sha1": _sha1([t for t, m in zip(episode["response_ids"], episode["response_mask"]) if m]),
+            "tokens_sha1": _sha1(episode["response_ids"])}
+
+
+def _sha1(ids: list[int]) -> str:
+    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
 
 
 def summarize_run(loop: str, episodes: list[dict], metrics_rows: list[dict], drift: dict | None, info: dict) -> dict:
@@ -220,12 +227,13 @@ def interval(values: list[float]) -> list[float | None]:
     return list(mean_interval(values, digits=4))
 
 
-def identical(a: list[dict], b: list[dict]) -> int:
-    """Episodes of ``a`` whose generated tokens ``b`` also generated for the same problem."""
+def identical(a: list[dict], b: list[dict], key: str = "generated_sha1") -> int:
+    """Episodes of ``a`` whose generated tokens (``key="tokens_sha1"``: whole response, injected turns
+    too) ``b`` also has for the same problem."""
     seen: dict[int, list[str]] = {}
     for e in b:
-        seen.setdefault(e["index"], []).append(e["tokens_sha1"])
-    return sum(1 for e in a if e["tokens_sha1"] in seen.get(e["index"], []))
+        seen.setdefault(e["index"], []).append(e.get(key))
+    return sum(1 for e in a if e.get(key) is not None and e[key] in seen.get(e["index"], []))
 
 
 LOOP_KEYS = ("tool_calls_per_episode", "request_s_p50", "request_s_p90", "request_s_mean", "episodes_per_s", "step_s")
@@ -236,7 +244,9 @@ def summarize(runs: dict[tuple[str, int], dict], out: Path) -> dict:
     rows = [summarize_run(loop, r["episodes"], r["metrics"], r["drift"], r["info"]) for (loop, _), r in sorted(runs.items())]
     seeds = sorted({seed for _, seed in runs})
     pairs = [{"seed": s, "episodes": len(runs[("task_agent", s)]["episodes"]),
-              "identical": identical(runs[("task_agent", s)]["episodes"], runs[("tool_agent", s)]["episodes"])}
+              "identical": identical(runs[("task_agent", s)]["episodes"], runs[("tool_agent", s)]["episodes"]),
+              "identical_response": identical(runs[("task_agent", s)]["episodes"], runs[("tool_agent", s)]["episodes"],
+                                              "tokens_sha1")}
              for s in seeds if ("task_agent", s) in runs and ("tool_agent", s) in runs]
     loops = []
     for loop in LOOPS:
@@ -263,8 +273,10 @@ def summarize(runs: dict[tuple[str, int], dict], out: Path) -> dict:
     lines += ["| " + " | ".join(cell(l[c]) for c in loop_cols) + " |" for l in loops]  # noqa: E741
     lines += ["", "task_agent / tool_agent, per seed then the mean [95% interval]: " +
               "; ".join(f"{k} {cell(v)}" for k, v in ratio.items()),
-              "token-identical episodes (task_agent's found among tool_agent's, same problem): " +
-              ", ".join(f"seed {p['seed']}: {p['identical']} of {p['episodes']}" for p in pairs)]
+              "episodes whose generated tokens are identical (task_agent's found among tool_agent's, same "
+              "problem; in brackets: the whole response, injected turns too, identical): " +
+              ", ".join(f"seed {p['seed']}: {p['identical']} of {p['episodes']} ({p['identical_response']})"
+                        for p in pairs)]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result

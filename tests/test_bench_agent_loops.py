@@ -78,9 +78,15 @@ def test_the_table_pairs_the_loops_by_seed_and_recomputes_from_its_files(tmp_pat
     assert result["task_agent_over_tool_agent"]["request_s_mean"][0] == pytest.approx(0.5)  # 0.15 / 0.3, each seed
     assert result["task_agent_over_tool_agent"]["episodes_per_s"][0] == pytest.approx(1.0)
     assert [p["identical"] for p in result["identical"]] == [1, 1]  # the second episode's last token differs
+    assert [p["identical_response"] for p in result["identical"]] == [1, 1]
+    # an injected token (mask 0) that differs: the generated tokens still alike, the whole response not
+    ep = {"extra_info": {"index": 0}, "turns": [], "response_ids": [1, 9, 3], "response_mask": [1, 0, 1]}
+    a = {"extra_info": {"index": 0}, "turns": [], "response_ids": [1, 2, 3], "response_mask": [1, 0, 1]}
+    assert bench.identical([bench.compact(a)], [bench.compact(ep)]) == 1
+    assert bench.identical([bench.compact(a)], [bench.compact(ep)], "tokens_sha1") == 0
     (run,) = [r for r in result["runs"] if r["loop"] == "task_agent" and r["seed"] == 1]
     assert run["requests"] == 4 and run["request_s_p50"] == pytest.approx(0.3) and run["request_s_p90"] == pytest.approx(0.4)
-    assert "seed 0: 1 of 2" in (tmp_path / "results.md").read_text()
+    assert "seed 0: 1 of 2 (1)" in (tmp_path / "results.md").read_text()
 
     import argparse
 
