@@ -127,3 +127,22 @@ def test_the_tool_calling_fine_tune_trains_on_the_assistants_calls_and_answer_on
                        '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48+24"}}\n</tool_call><|im_end|>'
                        'The answer is 72.\n#### 72<|im_end|>')
     assert "How many clips?" not in trained and "<tool_response>" not in trained
+
+
+def test_the_committed_head_to_head_is_what_its_files_say(tmp_path):
+    """bench/agent_loops/results (PREREG.md's six runs): recomputed from its committed files, the table is the
+    committed one; every run is there, from one clean commit, exited 0, and its episodes called the tool."""
+    import argparse
+    import shutil
+
+    bench = _bench()
+    committed = ROOT / "bench" / "agent_loops" / "results"
+    shutil.copytree(committed, tmp_path / "results")
+    assert bench.collect(argparse.Namespace(work=tmp_path / "no_runs_here", out=tmp_path / "results")) == 0
+    again = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert again == json.loads((committed / "results.json").read_text())
+    assert (tmp_path / "results" / "results.md").read_text() == (committed / "results.md").read_text()
+    assert {(r["loop"], r["seed"]) for r in again["runs"]} == {(loop, s) for loop in bench.LOOPS for s in (0, 1, 2)}
+    assert len(again["commits"]) == 1 and all(r["exit"] == 0 for r in again["runs"])
+    assert all(json.loads(f.read_text())["dirty"] == [] for f in committed.glob("*.run.json"))
+    assert all(r["tool_calls_per_episode"] >= 1 for r in again["runs"])  # the pre-registered condition
