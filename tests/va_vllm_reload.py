@@ -12,7 +12,14 @@ in buckets of BUCKET_MB, as verl's sync does, and prints one JSON object:
 - ``packed``: the linear layers that compute with vLLM's packed CPU kernel (their ``cpu_linear`` is not
   ``F.linear`` and their ``weight`` was released), before and after a push: the reload keeps them (the
   speed of the two paths: ``bench/vllm_weight_sync.py``; a timing here failed on a loaded machine);
-- the records ``finish()`` returned.
+- the records ``finish()`` returned;
+- two negative controls, each a push of the perturbed weights that leaves out one of the sync's two
+  tied-weight rules (the originals are pushed back, with both rules, after each):
+  ``control_no_repack``: the tied ``lm_head`` is not repacked after the push (``InPlaceReload`` without
+  its last step): the greedy logprobs' largest distance from the Hugging Face forward of the perturbed
+  model; ``control_alias_sent``: the tied alias ``lm_head.weight`` is sent too, in its own last bucket,
+  as verl's own adapter sends the state dict (the embedding arrives in the first): the push's record or
+  error, and the same distance.
 """
 
 from __future__ import annotations
@@ -63,13 +70,21 @@ def main(model_dir: str, bucket_mb: int) -> dict:
 
         return llm.collective_rpc(probe)[0]
 
-    def push(state: dict) -> dict:
-        parts = buckets({k: v for k, v in state.items() if k != "lm_head.weight"}, bucket_mb)  # the tied alias
+    def push(state: dict, send_alias: bool = False, repack_tied: bool = True) -> dict:
+        """``state`` into the live engine in ``bucket_mb`` buckets, as the plugin's sync does; the two flags
+        leave out one of its tied-weight rules (the negative controls)."""
+        sent = state if send_alias else {k: v for k, v in state.items() if k != "lm_head.weight"}  # the tied alias
+        parts = buckets(sent, bucket_mb)
 
         def load(worker):
             from verl_agentic.verl_plugin.cpu.vllm_worker import InPlaceReload
 
-            reload = InPlaceReload(worker.model_runner.model, worker.model_runner.vllm_config.model_config)
+            class NoRepack(InPlaceReload):  # the reload without its repack of the tied layers
+                def repack_tied(self) -> None:
+                    pass
+
+            runner = worker.model_runner
+            reload = (InPlaceReload if repack_tied else NoRepack)(runner.model, runner.vllm_config.model_config)
             reload.begin()
             try:
                 for part in parts:
@@ -92,15 +107,22 @@ def main(model_dir: str, bucket_mb: int) -> dict:
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    result["push_perturbed"] = push(dict(hf.state_dict()))
+    perturbed = {k: v.clone() for k, v in hf.state_dict().items()}
+
+    def gap_to_hf(outputs) -> float:
+        """The largest |logprob| distance of vLLM's greedy tokens from the perturbed model's HF forward."""
+        worst = 0.0
+        for prompt, (tokens, logprobs) in zip(PROMPTS, outputs):
+            with torch.no_grad():
+                logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+            worst = max(worst, float((ref - torch.tensor(logprobs)).abs().max()))
+        return worst
+
+    result["push_perturbed"] = push(perturbed)
     after = generate()
-    worst = 0.0
-    for prompt, (tokens, logprobs) in zip(PROMPTS, after):
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-        ref = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-        worst = max(worst, float((ref - torch.tensor(logprobs)).abs().max()))
-    result["perturbed"] = {"max_abs_dlogprob": worst, "tokens_changed": [t for t, _ in after] != [t for t, _ in base]}
+    result["perturbed"] = {"max_abs_dlogprob": gap_to_hf(after),
+                           "tokens_changed": [t for t, _ in after] != [t for t, _ in base]}
     result["packed"]["after_push"] = packed()
     result["push_restored"] = push(original)
     back = generate()
@@ -108,6 +130,15 @@ def main(model_dir: str, bucket_mb: int) -> dict:
                           "max_abs_dlogprob": max(abs(a - b) for x, y in zip(back, base) for a, b in zip(x[1], y[1]))}
     result["missing"] = push({k: v for k, v in original.items() if k != "model.norm.weight"})
 
+    # negative controls: the perturbed push without one tied-weight rule, from the original weights
+    for name, flags in (("control_no_repack", {"repack_tied": False}), ("control_alias_sent", {"send_alias": True})):
+        push(original)
+        try:
+            record = push(perturbed, **flags)
+        except Exception as e:  # the sync itself failed: that is the control's reading
+            record = {"error": f"{type(e).__name__}: {e}"[:500]}
+        result[name] = {"push": record, "max_abs_dlogprob": gap_to_hf(generate())}
+    push(original)
     return result
 
 

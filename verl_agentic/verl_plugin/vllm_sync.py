@@ -16,11 +16,14 @@ code is the same on a GPU, where none of this has run):
   ``VERL_AGENTIC_WEIGHT_SYNC_TIMEOUT_S`` seconds (default 600) fails it too. The sender's cleanup
   (verl's) then closes the socket and unlinks the shared-memory bucket.
 - **Tied weights across buckets.** A model whose ``lm_head`` is tied to its input embeddings is
-  sent with both names; vLLM skips the alias but raises when a bucket holds it without the weight it
-  aliases (``vllm/model_executor/models/utils.py:477``, "was skipped because it is tied to"), which
-  happens whenever the two fall into different buckets. The alias carries no value of its own (vLLM
-  ties the layer to the embedding), so :func:`tied_aliases` finds the model's tied names (on the meta
-  device, from the model's config) and the adapter does not send them.
+  sent with both names. vLLM's plain ``load_weights`` (verl's GPU path) skips the alias but raises when
+  a bucket holds it without the weight it aliases (``vllm/model_executor/models/utils.py``,
+  ``_check_skipped_aliases``: "was skipped because it is tied to"; read in vLLM's code, not run here),
+  which happens whenever the two fall into different buckets. The alias carries no value of its own
+  (vLLM ties the layer to the embedding), so :func:`tied_aliases` finds the model's tied names (on the
+  meta device, from the model's config) and the adapter does not send them. On the CPU's in-place
+  reload (``cpu/vllm_worker.py``) the alias loads without error (tests/va_vllm_reload.py's negative
+  control): there the filter only spares a duplicate of the embedding per sync.
 - **A tensor larger than the bucket** (shared memory, where verl cannot send one on its own) fails
   with both sizes and the setting to raise, before anything is sent for it.
 

@@ -88,13 +88,19 @@ class InPlaceReload:
         self.tensors += len(bucket)
         self.buckets += 1
 
+    def repack_tied(self) -> None:
+        """Repack the layers that share a weight with an earlier one (a tied ``lm_head``) from the shared,
+        now updated, weight. Without it their packed copy keeps the old values (tests/va_vllm_reload.py's
+        negative control measures the logprobs then)."""
+        for module in _tied_modules(self.model):
+            module.quant_method.process_weights_after_loading(module)
+
     def abort(self) -> None:
         finalize_layerwise_reload(self.model, self.model_config)
 
     def finish(self) -> dict[str, Any]:
         finalize_layerwise_reload(self.model, self.model_config)
-        for module in _tied_modules(self.model):  # repack from the shared, now updated, weight
-            module.quant_method.process_weights_after_loading(module)
+        self.repack_tied()
         missing = sorted(self.expected - self.loaded)
         if missing:
             raise WeightLoadError(f"vLLM weight sync: {len(missing)} of the model's {len(self.expected)} parameters "
