@@ -1,0 +1,270 @@
+"""Bring your own agent (verl_agentic/tasks/agent.py, serving/gateway.py): unchanged programs that call an
+OpenAI-style endpoint, through the real ``openai`` client, captured as token-exact training rows.
+
+The model is a TEST DOUBLE where a test needs tool calls (``ScriptedCalculatorPolicy``: it writes a hermes
+calculator call, then the answer, tokenized by the real Qwen2.5 tokenizer; SmolLM2 calls no tool from a
+prompt); the last test runs the embedded SmolLM2 in ``main_rollout``. The gateway, the HTTP, the OpenAI
+SDK, the chat template, the parser, the rollout loop and the drift check are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import openai
+import pytest
+
+from verl_agentic.backends.base import GenerationBackend
+from verl_agentic.interfaces import ConfigError, GenOutput
+from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
+from verl_agentic.serving.gateway import Gateway
+from verl_agentic.tasks import register_task
+from verl_agentic.tasks.agent import agent_task
+from verl_agentic.tools.calculator import CalculatorTool, evaluate_expression, format_number
+
+PROBLEMS = {"Q1: 12 loaves a day for 7 days?": ("12*7", "84"), "Q2: 45 stickers, 17 given away?": ("45-17", "28")}
+CALCULATOR = CalculatorTool().get_openai_tool_schema()
+if hasattr(CALCULATOR, "model_dump"):
+    CALCULATOR = CALCULATOR.model_dump(exclude_none=True)
+
+
+class ScriptedCalculatorPolicy(GenerationBackend):
+    """TEST DOUBLE for the model: on a problem's first turn it calls the calculator with the problem's
+    expression, after that it answers ``#### <value>`` (the episode found by its question, the turn by
+    the assistant turns in the context). Each reply is the real tokenizer's ids plus ``<|im_end|>``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.stop_token_ids = [self.end_id]
+        self.replies: list[list[int]] = []
+
+    async def generate(self, prompt_ids, sampling):
+        context = self.tokenizer.decode(prompt_ids)
+        question = next(q for q in PROBLEMS if q in context)
+        expression, value = PROBLEMS[question]
+        turn = context.count("<|im_start|>assistant") - 1
+        reply = (f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+                 if turn == 0 else f"The answer is {value}.\n#### {value}")
+        ids = (self.tokenizer.encode(reply, add_special_tokens=False) + [self.end_id])[:sampling.max_new_tokens]
+        self.replies.append(ids)
+        return GenOutput(ids, [-0.25] * len(ids), self.tokenizer.decode(ids), "stop" if ids[-1] == self.end_id else "length")
+
+
+SEEN: dict[str, list] = {}
+
+
+async def calculator_agent(row, client):
+    """An ordinary tool-calling agent loop, written against the OpenAI SDK and nothing else."""
+    messages = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": row["question"]}]
+    replies = []
+    while True:
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR],
+                                                     max_tokens=64, temperature=0.3, logprobs=True)
+        replies.append(reply)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            value = format_number(evaluate_expression(json.loads(call.function.arguments)["expression"]))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": value})
+    SEEN[row["question"]] = replies
+    answer = message.content.split("####")[-1].strip()
+    return {"reward": float(answer == row["answer"]), "metrics": {"tool_calls": len(replies) - 1},
+            "call_rewards": [0.5] * len(replies)}
+
+
+def sync_agent(row, client):
+    """The same, synchronous (the SDK's blocking client, run in a thread)."""
+    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["question"]}],
+                                           tools=[CALCULATOR])
+    call = reply.choices[0].message.tool_calls[0]
+    return 1.0 if json.loads(call.function.arguments)["expression"] == PROBLEMS[row["question"]][0] else 0.0
+
+
+async def rewriting_agent(row, client):
+    """Sends a second request whose history is not the one answered (a summarised context)."""
+    first = await client.chat.completions.create(model="policy", tools=[CALCULATOR],
+                                                 messages=[{"role": "user", "content": row["question"]}])
+    try:
+        await client.chat.completions.create(model="policy", messages=[
+            {"role": "user", "content": "Summary: " + row["question"]},
+            first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "0"}])
+    except openai.BadRequestError as e:
+        return {"reward": 0.25, "metrics": {"refused": 1.0, "history_changed": float(e.type == "history_changed"),
+                                            "says_why": float("append-only" in e.body["message"])}}
+    return 0.0
+
+
+async def chatty_agent(row, client):
+    """Keeps calling after the episode's turns run out."""
+    messages = [{"role": "user", "content": row["question"]}]
+    for _ in range(5):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "1"}]
+    return 1.0
+
+
+async def crashing_agent(row, client):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["question"]}])
+    raise RuntimeError("the agent's own bug")
+
+
+async def silent_agent(row, client):
+    return 1.0
+
+
+for _name, _agent in [("va_calc_agent", calculator_agent), ("va_sync_agent", sync_agent),
+                      ("va_rewriting_agent", rewriting_agent), ("va_chatty_agent", chatty_agent),
+                      ("va_crashing_agent", crashing_agent), ("va_silent_agent", silent_agent)]:
+    register_task(_name, agent_task(_agent))
+
+
+def _rows(task_type: str) -> list[dict]:
+    return [{"task_type": task_type, "question": q, "answer": a, "index": i} for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
+
+
+async def _rollout(policy, task_type: str, max_turns: int = 4) -> list[dict]:
+    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=128, max_total_tokens=2048, temperature=1.0, concurrency=4)
+    return await AsyncRollout(policy, cfg, seed=0).run(_rows(task_type))
+
+
+async def test_an_openai_sdk_agent_with_tool_calls_becomes_one_token_exact_row_per_episode(qwen25_tokenizer):
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    trajs = await _rollout(policy, "va_calc_agent")
+    assert [t["reward"] for t in trajs] == [1.0, 1.0] and all(t["error"] is None for t in trajs)
+    for traj in trajs:
+        # the agent got OpenAI-shaped answers: a parsed tool call, then the text; logprobs per token
+        first, last = SEEN[traj["messages"][1]["content"]]
+        call = first.choices[0].message.tool_calls[0]
+        assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
+        assert json.loads(call.function.arguments)["expression"] in ("12*7", "45-17")
+        assert last.choices[0].finish_reason == "stop" and "####" in last.choices[0].message.content
+        assert [c.logprob for c in first.choices[0].logprobs.content] == [-0.25] * first.usage.completion_tokens
+        # one row: the generated ids as generated (mask 1, their logprobs), the tool reply injected (mask 0)
+        assistant = [t for t in traj["turns"] if t["role"] == "assistant"]
+        assert len(assistant) == 2 and [t["role"] for t in traj["turns"]] == ["assistant", "tool", "assistant"]
+        for turn in assistant:
+            ids = traj["response_ids"][turn["start"]:turn["end"]]
+            assert ids in policy.replies and set(traj["response_mask"][turn["start"]:turn["end"]]) == {1}
+            assert traj["response_logprobs"][turn["start"]:turn["end"]] == [-0.25] * len(ids)
+            assert turn["reward"] == 0.5  # call_rewards
+        tool = traj["turns"][1]
+        assert set(traj["response_mask"][tool["start"]:tool["end"]]) == {0}
+        assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["tool_calls"] == 1
+        # token-exact against the chat template over the conversation the agent sent (tools included)
+        report = check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id])
+        assert report.ok and report.injected_tokens > 0, report.as_dict()
+        assert traj["tools"] == [CALCULATOR]
+
+
+async def test_a_synchronous_agent_runs_in_a_thread_with_the_blocking_client(qwen25_tokenizer):
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_sync_agent")
+    assert [t["reward"] for t in trajs] == [1.0, 1.0]
+    assert all(t["metrics"]["agent_calls"] == 1 and len(t["turns"]) == 1 for t in trajs)
+
+
+async def test_a_changed_history_is_refused_with_the_reason_and_the_row_keeps_what_was_answered(qwen25_tokenizer):
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_rewriting_agent")
+    for traj in trajs:
+        assert traj["reward"] == 0.25 and traj["metrics"]["history_changed"] == traj["metrics"]["says_why"] == 1.0
+        assert traj["metrics"]["agent_rejected_requests"] == 1 and len(traj["turns"]) == 1
+        assert traj["error"] is None and traj["finish_reason"] == "stop"
+
+
+async def test_a_call_past_the_episodes_turns_is_refused_and_the_agents_failure_is_the_episodes(qwen25_tokenizer):
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_chatty_agent", max_turns=2)
+    for traj in trajs:
+        assert traj["finish_reason"] == "error" and traj["reward"] == 0.0
+        assert traj["error"]["type"] == "task_error" and "episode ended (max_turns" in traj["error"]["message"]
+        assert len([t for t in traj["turns"] if t["role"] == "assistant"]) == 2  # the tokens are kept
+
+
+async def test_an_agent_that_raises_or_never_calls_the_model_fails_its_episode_typed(qwen25_tokenizer):
+    crashed = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_crashing_agent")
+    assert all(t["error"]["type"] == "task_error" and "the agent's own bug" in t["error"]["message"]
+               and len(t["turns"]) == 1 for t in crashed)
+    silent = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_silent_agent")
+    assert all("the agent made no model call" in t["error"]["message"] for t in silent)
+
+
+async def test_the_gateway_names_the_problem_with_a_wrong_key_or_streaming():
+    class Echo:
+        async def complete(self, body):
+            return {"id": "x", "object": "chat.completion", "created": 0, "model": "policy", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+
+    gateway = Gateway()
+    base_url, key = await gateway.open(Echo())
+    try:
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
+            assert [m.id for m in (await client.models.list()).data] == ["policy"]
+            reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+            assert reply.choices[0].message.content == "hi"
+            with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):
+                await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}],
+                                                     stream=True)
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="wrong", max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError, match="names no running episode"):
+                await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+    finally:
+        await gateway.close(key)
+    assert gateway.open_sessions == 0 and gateway._runner is None  # the server stops with its last session
+
+
+def test_agent_task_refuses_what_it_cannot_run():
+    with pytest.raises(ConfigError, match="either an agent callable or command"):
+        agent_task()
+    with pytest.raises(ConfigError, match="callable as agent"):
+        agent_task("not callable")
+    spec = agent_task(calculator_agent)
+    with pytest.raises(ConfigError, match="parser"):
+        spec.check_config({"parser": "nope"})
+    with pytest.raises(ConfigError, match="unknown"):
+        spec.check_config({"finish_timeout": 3})
+
+
+AGENT_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from openai import OpenAI
+
+    row = json.load(sys.stdin)
+    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
+    reply = client.chat.completions.create(model="policy", messages=row["prompt"])  # the preprocessed row's
+    print("some log line")
+    print(json.dumps({"reward": float(len(reply.choices[0].message.content) > 0), "metrics": {"chars": 1}}))
+''')
+
+
+def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, smol_dir, smol_tokenizer):
+    """``main_rollout`` with our hf engine and the embedded SmolLM2: a command agent (the OpenAI SDK in a
+    subprocess, the row on stdin) registered in a user's module; every episode is token-exact."""
+    import subprocess
+
+    (tmp_path / "agent.py").write_text(AGENT_SCRIPT)
+    (tmp_path / "my_agents.py").write_text(textwrap.dedent(f'''
+        import sys
+        from verl_agentic.tasks import register_task
+        from verl_agentic.tasks.agent import agent_task
+        register_task("cli_agent", agent_task(command=[sys.executable, {str(tmp_path / "agent.py")!r}]))
+    '''))
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"task_type": "cli_agent", "question": f"What is {i} + {i}?",
+                                        "answer": str(2 * i)}) + "\n" for i in range(3)))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_agents]",
+                           f"model.path={smol_dir}", f"data.path={data}", f"output.dir={out}", "rollout.max_turns=2",
+                           "rollout.max_new_tokens=16", "rollout.temperature=0"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trajs = [json.loads(line) for f in sorted(out.glob("**/*.jsonl")) if "trajector" in f.name
+             for line in f.read_text().splitlines()]
+    assert len(trajs) == 3, sorted(str(p) for p in out.rglob("*"))
+    stop = smol_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for traj in trajs:
+        assert traj["error"] is None and traj["reward"] in (0.0, 1.0) and traj["metrics"]["chars"] == 1.0
+        assert check_drift(traj, smol_tokenizer, stop_token_ids=[stop]).ok

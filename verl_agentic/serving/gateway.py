@@ -1,0 +1,117 @@
+"""An OpenAI-compatible endpoint on loopback for many episodes: the API key names the episode.
+
+An agent program (the OpenAI SDK, an agent framework, a command) talks to the policy through this
+endpoint; each of its requests is handed to the session of the episode its API key names, which
+answers it (``verl_agentic.tasks.agent`` owns the tokens: it renders, generates and parses)::
+
+    gateway = Gateway()
+    base_url, key = await gateway.open(session)      # the server starts with the first session
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key)
+    ...
+    await gateway.close(key)                         # and stops when the last one leaves
+
+Routes: ``POST /v1/chat/completions`` (``session.complete(body)`` answers it; streaming is refused
+with a clear error) and ``GET /v1/models`` (the one model, ``model_name``). A request with an
+unknown or missing key is a 401 naming the problem; a session's ``ServiceError`` is answered in the
+shape every service here uses, ``{"error": {"type", "message", ...}}``, which the OpenAI SDK reads as
+its own (``error.message``). The server listens on 127.0.0.1 only, at a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any, Optional, Protocol
+
+from aiohttp import web
+
+from verl_agentic.serving.errors import ServiceError
+from verl_agentic.serving.server import error_middleware, read_json_object
+
+MAX_BODY_BYTES = 64 << 20  # an agent's whole conversation travels in every request
+
+
+class ChatSession(Protocol):
+    async def complete(self, body: dict) -> dict:
+        """The ``chat.completion`` object answering ``body``; raises ``ServiceError`` for a bad request."""
+
+
+class Gateway:
+    """One loopback HTTP server shared by the open sessions (see the module docstring)."""
+
+    def __init__(self, model_name: str = "policy"):
+        self.model_name = model_name
+        self._sessions: dict[str, ChatSession] = {}
+        self._runner: Optional[web.AppRunner] = None
+        self._url: Optional[str] = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    async def open(self, session: ChatSession) -> tuple[str, str]:
+        """Register ``session``; returns ``(base_url, api_key)`` for its client (base_url ends in ``/v1``)."""
+        async with self._lock:
+            if self._runner is None:
+                await self._start()
+            key = "va-" + secrets.token_urlsafe(18)
+            self._sessions[key] = session
+            return f"{self._url}/v1", key
+
+    async def close(self, key: str) -> None:
+        """Forget the session of ``key``; the server stops when none is left."""
+        async with self._lock:
+            self._sessions.pop(key, None)
+            if not self._sessions and self._runner is not None:
+                runner, self._runner, self._url = self._runner, None, None
+                await runner.cleanup()
+
+    async def _start(self) -> None:
+        app = web.Application(middlewares=[error_middleware()], client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self._runner, self._url = runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    def _session(self, request: web.Request) -> ChatSession:
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            raise ServiceError(401, "invalid_api_key", "no API key: send 'Authorization: Bearer <the episode's key>' "
+                                                       "(the OpenAI SDK does, from api_key)")
+        session = self._sessions.get(auth[len("Bearer "):].strip())
+        if session is None:
+            raise ServiceError(401, "invalid_api_key", "unknown API key: it names no running episode (each episode's "
+                                                       "agent gets its own key; it stops working when the episode ends)")
+        return session
+
+    async def _chat_completions(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await read_json_object(request)
+        if body.get("stream"):
+            raise ServiceError(400, "unsupported", "stream=true is not supported by this gateway; send stream=false")
+        return web.json_response(await session.complete(body))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._session(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "verl-agentic"}]})
+
+
+_GATEWAYS: dict[Any, Gateway] = {}
+
+
+def gateway_for_loop() -> Gateway:
+    """The gateway of the running event loop (one per loop: a server lives in the loop that serves it)."""
+    loop = asyncio.get_running_loop()
+    for old in [k for k in _GATEWAYS if k.is_closed()]:
+        del _GATEWAYS[old]
+    if loop not in _GATEWAYS:
+        _GATEWAYS[loop] = Gateway()
+    return _GATEWAYS[loop]
+
+
+__all__ = ["ChatSession", "Gateway", "gateway_for_loop"]
