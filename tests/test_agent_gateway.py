@@ -268,3 +268,36 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] in (0.0, 1.0) and traj["metrics"]["chars"] == 1.0
         assert check_drift(traj, smol_tokenizer, stop_token_ids=[stop]).ok
+
+
+def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
+    """Our trainer (``main_ppo``, one GRPO step, a tiny random model) on a callable agent registered in a
+    user's module: the step's rows are the agent's episodes, scored by the agent's own reward."""
+    import subprocess
+
+    (tmp_path / "my_agents.py").write_text(textwrap.dedent('''
+        from verl_agentic.tasks import register_task
+        from verl_agentic.tasks.agent import agent_task
+
+        async def length_agent(row, client):
+            reply = await client.chat.completions.create(model="policy", messages=row["prompt"])
+            return {"reward": min(1.0, len(reply.choices[0].message.content) / 20), "metrics": {"answered": 1}}
+
+        register_task("length_agent", agent_task(length_agent))
+    '''))
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(4)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_agentic.main_ppo", "imports=[my_agents]", f"model.path={tiny_smol_dir}",
+         f"data.path={data}", "data.max_samples=4", "task_type=length_agent", "trainer.total_steps=1",
+         "trainer.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=4",
+         "actor.ppo_micro_batch_size=4", "trainer.val_before_train=false", "trainer.save_hf_model=false",
+         "output.dir=out", "output.quiet=true"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trajs = [json.loads(x) for x in (tmp_path / "out" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(trajs) == 4 and {t["task_type"] for t in trajs} == {"length_agent"}
+    for t in trajs:
+        assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["answered"] == 1
+        assert t["score"] == pytest.approx(t["reward"]) and t["score_extra"] == {"scored_by": "episode_reward"}

@@ -56,7 +56,6 @@ import inspect
 import json
 import os
 import shlex
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -235,9 +234,6 @@ class AgentSession:
 
 
 # ---------------------------------------------------------------- running the agent
-
-
-Agent = Union[Callable[[dict, Any], Any], Sequence[str], str]
 
 
 async def _run_callable(fn: Callable, row: dict, base_url: str, key: str) -> Any:
