@@ -9,6 +9,7 @@ SDK, the chat template, the parser, the rollout loop and the drift check are the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import textwrap
@@ -117,9 +118,42 @@ async def silent_agent(row, client):
     return 1.0
 
 
+async def impatient_agent(row, client):
+    """Its client gives up after 0.2 s; the (slow) policy takes longer."""
+    await client.with_options(timeout=0.2).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": row["question"]}])
+    return 1.0
+
+
+class SlowPolicy(ScriptedCalculatorPolicy):
+    """TEST DOUBLE: the scripted policy, 1 s a reply."""
+
+    async def generate(self, prompt_ids, sampling):
+        await asyncio.sleep(1.0)
+        return await super().generate(prompt_ids, sampling)
+
+
+class BrokenCallPolicy(ScriptedCalculatorPolicy):
+    """TEST DOUBLE: writes a tool call whose JSON is cut off."""
+
+    async def generate(self, prompt_ids, sampling):
+        ids = self.tokenizer.encode('<tool_call>\n{"name": "calculator", "arguments": {"expression": \n</tool_call>',
+                                    add_special_tokens=False) + [self.end_id]
+        return GenOutput(ids, [0.0] * len(ids), self.tokenizer.decode(ids), "stop")
+
+
+async def one_call_agent(row, client):
+    reply = await client.chat.completions.create(model="policy", tools=[CALCULATOR],
+                                                 messages=[{"role": "user", "content": row["question"]}])
+    choice = reply.choices[0]
+    return {"reward": 0.0, "metrics": {"plain": float(choice.finish_reason == "stop" and not choice.message.tool_calls
+                                                      and "<tool_call>" in choice.message.content)}}
+
+
 for _name, _agent in [("va_calc_agent", calculator_agent), ("va_sync_agent", sync_agent),
                       ("va_rewriting_agent", rewriting_agent), ("va_chatty_agent", chatty_agent),
-                      ("va_crashing_agent", crashing_agent), ("va_silent_agent", silent_agent)]:
+                      ("va_crashing_agent", crashing_agent), ("va_silent_agent", silent_agent),
+                      ("va_impatient_agent", impatient_agent), ("va_one_call_agent", one_call_agent)]:
     register_task(_name, agent_task(_agent))
 
 
@@ -189,6 +223,15 @@ async def test_an_agent_that_raises_or_never_calls_the_model_fails_its_episode_t
                and len(t["turns"]) == 1 for t in crashed)
     silent = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_silent_agent")
     assert all("the agent made no model call" in t["error"]["message"] for t in silent)
+
+
+async def test_an_agent_whose_client_gives_up_fails_its_episode_and_a_broken_call_is_answered_as_text(
+        qwen25_tokenizer):
+    impatient = await _rollout(SlowPolicy(qwen25_tokenizer), "va_impatient_agent")
+    assert all(t["error"]["type"] == "task_error" and "Timeout" in t["error"]["message"] for t in impatient)
+    broken = await _rollout(BrokenCallPolicy(qwen25_tokenizer), "va_one_call_agent")
+    assert all(t["error"] is None and t["metrics"]["plain"] == 1.0 and t["metrics"]["agent_parse_errors"] == 1
+               for t in broken)
 
 
 async def test_the_gateway_names_the_problem_with_a_wrong_key_or_streaming():

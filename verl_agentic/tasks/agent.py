@@ -156,6 +156,7 @@ class AgentSession:
         self.key = ""
         self.calls = 0
         self.rejected = 0
+        self.parse_errors = 0  # tool-call markup the parser could not read (answered as plain content)
 
     async def complete(self, body: dict) -> dict:  # the gateway's side
         answer = asyncio.get_running_loop().create_future()
@@ -218,6 +219,11 @@ class AgentSession:
             choice["logprobs"] = {"content": [
                 {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
                 for t, lp in zip(out.token_ids, out.logprobs)]}
+        if parsed is not None:
+            self.parse_errors += len(parsed.errors)
+        if self.pending.done():  # the agent went away (its request was cancelled): nobody to answer
+            raise EpisodeFailure("task_error", "the agent's request was cancelled before its answer was ready "
+                                               "(its client timed out or disconnected)")
         self.pending.set_result({
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": self.cfg.model_name, "choices": [choice],
@@ -339,7 +345,8 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
         outcome = await _stop(session, session.cfg.finish_timeout_s, why=(
             f"the episode ended ({state.finish_reason}: the rollout's max_turns or max_total_tokens ran out, "
             "or the episode failed) before this request could be answered"))
-        metrics = {"agent_calls": float(session.calls), "agent_rejected_requests": float(session.rejected)}
+        metrics = {"agent_calls": float(session.calls), "agent_rejected_requests": float(session.rejected),
+                   "agent_parse_errors": float(session.parse_errors)}
         if isinstance(outcome, BaseException):
             if state.error is None:
                 state.error = EpisodeError("task_error", f"agent: {type(outcome).__name__}: {outcome}")
