@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -278,37 +279,89 @@ def test_the_modes_series_rotates_the_arms_and_refuses_a_dirty_tree(tmp_path, mo
     assert order == []
 
 
-def test_the_precision_comparison_summarizes_each_arm(tmp_path):
-    """examples/learning_run/precision.py summarize: per arm the reward of the first and last 5 steps, held-out
-    accuracy before and after, the logprob gap and the correction's metrics, from main_ppo's metrics.jsonl."""
+def _load_precision():
     spec = importlib.util.spec_from_file_location("va_learning_run_precision", EXAMPLE / "precision.py")
     precision = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(precision)
+    return precision
+
+
+def test_the_precision_arms_differ_only_in_their_named_setting():
+    """Pre-registered (PREREG.md, round 3): bf16 is fp32 plus the rollout's bf16 weights, bf16_tis is bf16
+    plus the correction; every arm takes the trainer's old logprobs; each arm runs first, second, third once."""
+    precision = _load_precision()
+    fp32, bf16, tis = (set(precision.ARMS[a]) for a in ("fp32", "bf16", "bf16_tis"))
+    assert fp32 == set() and bf16 - fp32 == {"rollout.hf.weight_dtype=bfloat16"}
+    assert tis - bf16 == {"algorithm.rollout_correction.rollout_is=token",
+                          "algorithm.rollout_correction.rollout_is_threshold=2.0"} and bf16 <= tis
+    assert "actor.recompute_old_logprobs=true" in precision.COMMON
+    arms = list(precision.ARMS)
+    orders = [precision.order(seed, arms) for seed in (0, 1, 2)]
+    assert orders[0] == arms and all(sorted(o) == sorted(arms) for o in orders)
+    assert all(sorted(o[i] for o in orders) == sorted(arms) for i in range(3))  # each position once per arm
+    run_sh = (EXAMPLE / "run.sh").read_text()
+    settings = [*precision.base_accuracy.RUN_SETTINGS, *precision.EVAL[:-1]]
+    assert all(x in run_sh for x in settings) and precision.EVAL[-1] == "rollout.hf.weight_dtype=float32"
+    # every task.* / reward.* key run.sh sets is set by the evaluation too
+    keys = set(re.findall(r"(?:task|reward)\.[\w.]+(?==)", run_sh))
+    assert keys and keys <= {x.split("=")[0] for x in settings}, keys
+
+
+def test_the_precision_comparison_summarizes_runs_and_pairs_them_by_seed(tmp_path):
+    """examples/learning_run/precision.py summarize: per run the reward of steps 1-5 and 16-20, the fp32
+    held-out accuracy, the gap and the correction's metrics; per arm mean and interval; per pair the
+    difference paired by seed, ranked only where its 95% interval excludes 0; a crashed run is reported."""
+    precision = _load_precision()
     runs = tmp_path / "runs"
-    for i, arm in enumerate(("fp32", "bf16_tis")):
-        rows = [{"step": 0, "val/accuracy/final": 0.4}]
-        for step in range(1, 21):
-            row = {"step": step, "reward/mean": 0.1 + 0.02 * step * (1 + i), "actor/logprob_gap_mean": 1e-6 if i == 0 else 1e-2,
-                   "actor/logprob_gap_max": 1e-5 if i == 0 else 0.3, "perf/generated_tokens": 600,
-                   "timing/rollout_s": 3.0, "timing/step_s": 30.0}
-            if i:
-                row["rollout_corr/rollout_is_mean"] = 0.99
-            rows.append(row)
-        rows.append({"step": 20, "val/accuracy/final": 0.5 + 0.1 * i})
-        (runs / arm).mkdir(parents=True)
-        (runs / arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (runs / "base").mkdir(parents=True)
+    (runs / "base" / "heldout_fp32.json").write_text(json.dumps({"accuracy_final": 0.3}))
+    held = {("fp32", 0): 0.40, ("fp32", 1): 0.42, ("fp32", 2): 0.45,
+            ("bf16_tis", 0): 0.50, ("bf16_tis", 1): 0.53, ("bf16_tis", 2): 0.55}
+    for (arm, seed), acc in held.items():
+        folder = runs / f"{arm}_seed{seed}"
+        folder.mkdir()
+        tis = arm == "bf16_tis"
+        rows = [{"step": step, "reward/mean": 0.1 + 0.02 * step * (1 + tis) + 0.01 * seed,
+                 "actor/logprob_gap_mean": 1e-2 if tis else 1e-6, "actor/logprob_gap_max": 0.3 if tis else 1e-5,
+                 **({"rollout_corr/rollout_is_mean": 0.99} if tis else {})} for step in range(1, 21)]
+        crashed = (arm, seed) == ("fp32", 2)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:7 if crashed else 20]))
+        (folder / "run_info.json").write_text(json.dumps(
+            {"arm": arm, "seed": seed, "commit": "abc1234", "dirty": [], "exit_status": 1 if crashed else 0,
+             "wall_s": 600.0, "max_rss_gb": 5.0}))
+        if not crashed:
+            (folder / "heldout_fp32.json").write_text(json.dumps({"accuracy_final": acc}))
     out = tmp_path / "out"
-    result = precision.summarize(out, ["fp32", "bf16_tis"], runs)
-    fp32, tis = result["fp32"], result["bf16_tis"]
-    assert fp32["steps"] == 20 and fp32["reward_first5"] == pytest.approx(0.16) and fp32["reward_last5"] == pytest.approx(0.46)
-    assert (fp32["heldout_before"], fp32["heldout_after"], tis["heldout_after"]) == (0.4, 0.5, 0.6)
-    assert fp32["rollout_tok_s"] == pytest.approx(200.0) and fp32["step_minutes"] == pytest.approx(10.0)
-    assert tis["logprob_gap_max"] == 0.3 and tis["rollout_corr"] == {"rollout_corr/rollout_is_mean": pytest.approx(0.99)}
-    assert fp32["rollout_corr"] == {} and tis["overrides"] == precision.ARMS["bf16_tis"]
-    assert json.loads((out / "precision.json").read_text()) == json.loads(json.dumps(result))
+    s = precision.summarize(out, runs, ["fp32", "bf16_tis"])
+    assert [(r["arm"], r["seed"]) for r in s["runs"]] == [("fp32", 0), ("fp32", 1), ("fp32", 2),
+                                                           ("bf16_tis", 0), ("bf16_tis", 1), ("bf16_tis", 2)]
+    f0, f2, t0 = s["runs"][0], s["runs"][2], s["runs"][3]
+    assert f0["reward_first5"] == pytest.approx(0.16) and f0["reward_last5"] == pytest.approx(0.46)
+    assert f0["gain"] == pytest.approx(0.30) and t0["gain"] == pytest.approx(0.60)
+    assert f0["heldout_fp32_after"] == 0.40 and f0["heldout_fp32_change"] == pytest.approx(0.10)
+    assert not f2["complete"] and f2["gain"] is None and f2["exit_status"] == 1  # reported, not dropped
+    assert t0["logprob_gap_max"] == 0.3 and t0["rollout_corr"] == {"rollout_corr/rollout_is_mean": pytest.approx(0.99)}
+    assert s["arms"]["fp32"]["complete"] == 2 and s["arms"]["fp32"]["heldout_fp32_after"]["mean"] == pytest.approx(0.41)
+    pair = s["comparisons"]["bf16_tis - fp32"]
+    assert pair["heldout_fp32_after"]["seeds"] == [0, 1]  # seed 2's fp32 run crashed
+    assert pair["heldout_fp32_after"]["differences"] == pytest.approx([0.10, 0.11])
+    assert pair["heldout_fp32_after"]["ranked_above"] == "bf16_tis"  # 0.105 +- 12.706 * 0.0035: above 0
+    assert pair["gain"]["differences"] == pytest.approx([0.30, 0.30]) and pair["gain"]["ranked_above"] == "bf16_tis"
+    assert json.loads((out / "precision.json").read_text()) == json.loads(json.dumps(s))
     table = (out / "precision.md").read_text()
-    assert "| bf16_tis | `rollout.hf.weight_dtype=bfloat16`" in table and "0.400 -> 0.600" in table
-    assert (out / "metrics" / "fp32.jsonl").read_text() == (runs / "fp32" / "metrics.jsonl").read_text()
+    assert "| fp32 (exit 1) | 2 |" in table and "base model 0.30" in table
+    assert "| bf16_tis - fp32 (seeds 0,1) |" in table and "not ranked" not in table.split("paired by seed")[1]
+    assert (out / "metrics" / "fp32_seed0.metrics.jsonl").read_text() == (runs / "fp32_seed0" / "metrics.jsonl").read_text()
+    assert (out / "metrics" / "base.heldout_fp32.json").is_file()
+
+
+def test_a_pair_whose_interval_holds_zero_ranks_nothing():
+    precision = _load_precision()
+    runs = [{"arm": a, "seed": s, "x": v} for (a, s, v) in
+            (("bf16", 0, 0.5), ("bf16", 1, 0.4), ("bf16", 2, 0.6), ("fp32", 0, 0.45), ("fp32", 1, 0.5), ("fp32", 2, 0.5))]
+    p = precision.paired(runs, "bf16", "fp32", "x")
+    assert p["differences"] == pytest.approx([0.05, -0.1, 0.1]) and p["ci95"][0] < 0 < p["ci95"][1]
+    assert p["ranked_above"] is None
 
 
 def _load(name: str):

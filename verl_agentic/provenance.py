@@ -4,11 +4,15 @@ A runner that writes committed results (examples/learning_run/seeds.py, the comp
 calls :func:`source_state` first: on a tree with modified or untracked source files it stops with one
 line naming them, unless ``allow_dirty`` (then the files are recorded with the result, marking it).
 Files under ``outputs/`` and the results the runner itself writes are not source and do not count.
+:func:`run_recorded` runs one command of a series and writes its ``run_info.json`` beside its outputs.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -36,3 +40,20 @@ def source_state(allow_dirty: bool = False, ignore: Iterable[str] = ("outputs/",
         raise DirtyTree(f"the checkout has changes ({shown}): commit them first, or pass --allow-dirty to mark "
                         f"the results as made from a modified tree")
     return {"commit": commit, "dirty": dirty}
+
+
+def run_recorded(cmd: list[str], out: Path, state: dict, cwd: Path = REPO, **fields) -> dict:
+    """Run ``cmd`` (in ``cwd``, this environment) and write ``out/run_info.json``: ``fields``, the source
+    ``state``, the command, its exit status, the wall clock and the peak resident memory of the command's
+    process and the children it waited for. A failed command is recorded, not raised: a series goes on."""
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    proc = subprocess.Popen(cmd, cwd=cwd)
+    _, status, usage = os.wait4(proc.pid, 0)  # this command's own resource use
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    info = {**fields, **state, "command": " ".join(cmd), "exit_status": proc.returncode,
+            "wall_s": round(time.time() - start, 1),
+            # Linux: kB; it counts the pages the fork inherited from the runner, a small process
+            "max_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
+    (out / "run_info.json").write_text(json.dumps(info, indent=1))
+    return info

@@ -41,11 +41,12 @@ def mode_args(mode: str, samples: int) -> list[str]:
     return ["rollout.temperature=1.0", f"rollout.n={samples}", "seed=0"]
 
 
-def run(model: str, mode: str, samples: int, work: Path) -> list[dict]:
-    """The episodes' trajectories of one ``main_rollout`` run over the whole data file."""
+def run(model: str, mode: str, samples: int, work: Path, data: Path = DATA, extra: tuple[str, ...] = ()) -> list[dict]:
+    """The episodes' trajectories of one ``main_rollout`` run over the whole data file (``extra``: more
+    overrides, e.g. the precision comparison's ``rollout.hf.weight_dtype=float32``)."""
     out = work / mode
-    subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", f"model.path={model}", f"data.path={DATA}",
-                    *SETTINGS, *mode_args(mode, samples), f"output.dir={out}", "output.quiet=true"],
+    subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", f"model.path={model}", f"data.path={data}",
+                    *SETTINGS, *mode_args(mode, samples), *extra, f"output.dir={out}", "output.quiet=true"],
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
 

@@ -22,13 +22,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from verl_agentic.jsonl import read_json_lines
-from verl_agentic.provenance import DirtyTree, source_state
+from verl_agentic.provenance import DirtyTree, run_recorded, source_state
 from verl_agentic.stats import mean_interval
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +39,7 @@ MIN_GAIN = 0.2
 
 def run(seeds: list[int], allow_dirty: bool, runs: Path = RUNS, script: str = "examples/learning_run/run.sh") -> int:
     state = source_state(allow_dirty)
+    os.environ.setdefault("PYTHON", sys.executable)  # run.sh's interpreter: this one unless told
     failed = 0
     for seed in seeds:
         out = runs / f"seed{seed}"
@@ -48,18 +47,9 @@ def run(seeds: list[int], allow_dirty: bool, runs: Path = RUNS, script: str = "e
         out.mkdir(parents=True)
         cmd = ["bash", script, str(seed), *VALIDATION]
         print(f"== seed {seed}: {' '.join(cmd)}", flush=True)
-        start = time.time()
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)})
-        _, status, usage = os.wait4(proc.pid, 0)  # this run's own resource use (run.sh execs the trainer)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        info = {"seed": seed, **state, "command": " ".join(cmd), "exit_status": proc.returncode,
-                "wall_s": round(time.time() - start, 1),
-                # the largest resident set of this run's process and the children it waited for (Linux: kB;
-                # it counts the pages the fork inherited from this runner, a small process)
-                "max_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
-        (out / "run_info.json").write_text(json.dumps(info, indent=1))
-        failed += proc.returncode != 0
-        print(f"== seed {seed}: exit {proc.returncode} after {info['wall_s'] / 60:.1f} min", flush=True)
+        info = run_recorded(cmd, out, state, seed=seed)
+        failed += info["exit_status"] != 0
+        print(f"== seed {seed}: exit {info['exit_status']} after {info['wall_s'] / 60:.1f} min", flush=True)
     return 1 if failed else 0
 
 
