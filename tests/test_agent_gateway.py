@@ -118,6 +118,30 @@ async def silent_agent(row, client):
     return 1.0
 
 
+STARTED_HANGING: list[str] = []
+REFUSED: dict[str, dict] = {}
+
+
+async def asking_too_much_agent(row, client):
+    """Asks for two choices, another model and more tokens than the context, then makes a good call."""
+    messages = [{"role": "user", "content": row["question"]}]
+    refused = {}
+    for name, ask in (("n", {"n": 2}), ("model", {"model": "gpt-4o"}), ("tokens", {"max_tokens": 10**6})):
+        try:
+            await client.chat.completions.create(**{"model": "policy", "messages": messages, **ask})
+        except openai.APIStatusError as e:  # what an agent written with the SDK catches
+            refused[name] = (type(e).__name__, e.status_code, e.body["type"], e.body["message"])
+    REFUSED[row["question"]] = refused
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+    return 1.0
+
+
+async def hanging_agent(row, client):
+    """Never calls the model and never returns (a stuck agent, before its first request)."""
+    STARTED_HANGING.append(row["question"])
+    await asyncio.sleep(3600)
+
+
 async def impatient_agent(row, client):
     """Its client gives up after 0.2 s; the (slow) policy takes longer."""
     await client.with_options(timeout=0.2).chat.completions.create(
@@ -153,6 +177,7 @@ async def one_call_agent(row, client):
 for _name, _agent in [("va_calc_agent", calculator_agent), ("va_sync_agent", sync_agent),
                       ("va_rewriting_agent", rewriting_agent), ("va_chatty_agent", chatty_agent),
                       ("va_crashing_agent", crashing_agent), ("va_silent_agent", silent_agent),
+                      ("va_hanging_agent", hanging_agent), ("va_asking_too_much_agent", asking_too_much_agent),
                       ("va_impatient_agent", impatient_agent), ("va_one_call_agent", one_call_agent)]:
     register_task(_name, agent_task(_agent))
 
@@ -161,8 +186,9 @@ def _rows(task_type: str) -> list[dict]:
     return [{"task_type": task_type, "question": q, "answer": a, "index": i} for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
 
 
-async def _rollout(policy, task_type: str, max_turns: int = 4) -> list[dict]:
-    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=128, max_total_tokens=2048, temperature=1.0, concurrency=4)
+async def _rollout(policy, task_type: str, max_turns: int = 4, **limits) -> list[dict]:
+    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=128, max_total_tokens=2048, temperature=1.0, concurrency=4,
+                        **limits)
     return await AsyncRollout(policy, cfg, seed=0).run(_rows(task_type))
 
 
@@ -223,6 +249,44 @@ async def test_an_agent_that_raises_or_never_calls_the_model_fails_its_episode_t
                and len(t["turns"]) == 1 for t in crashed)
     silent = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_silent_agent")
     assert all("the agent made no model call" in t["error"]["message"] for t in silent)
+
+
+async def test_an_agent_that_hangs_before_its_first_call_times_out_with_the_episode(qwen25_tokenizer, tmp_path):
+    """rollout.episode_timeout_s covers start too: an agent stuck before its first request (a callable, and
+    a command that sleeps) ends its episode with a typed timeout, is stopped at once, and its key is closed."""
+    STARTED_HANGING.clear()
+    t0 = asyncio.get_running_loop().time()
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_hanging_agent", episode_timeout_s=1.0)
+    assert sorted(STARTED_HANGING) == sorted(PROBLEMS)  # both agents ran
+    assert all(t["error"]["type"] == "timeout" and "start did not return within rollout.episode_timeout_s=1.0"
+               in t["error"]["message"] and t["turns"] == [] for t in trajs)
+    script = tmp_path / "stuck.py"
+    script.write_text("import sys, time\nsys.stdin.read()\nopen(sys.argv[1], 'w').write('started')\ntime.sleep(600)\n")
+    register_task("va_stuck_command", agent_task(command=[sys.executable, str(script), str(tmp_path / "started")]),
+                  replace=True)
+    stuck = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_stuck_command", episode_timeout_s=2.0)
+    assert (tmp_path / "started").read_text() == "started"
+    assert all(t["error"]["type"] == "timeout" for t in stuck)
+    # stopped at once, not after finish_timeout_s (30 s) or the agents' own sleeps
+    assert asyncio.get_running_loop().time() - t0 < 15
+    from verl_agentic.serving.gateway import gateway_for_loop
+    assert gateway_for_loop().open_sessions == 0
+
+
+async def test_requests_past_what_the_gateway_serves_get_errors_the_sdk_understands(qwen25_tokenizer):
+    """n > 1, an unknown model and more tokens than the context: an HTTP error the SDK raises as its own
+    typed exception, naming the limit; counted, and the episode goes on with the agent's next request."""
+    REFUSED.clear()
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_asking_too_much_agent")
+    for traj in trajs:
+        refused = REFUSED[traj["messages"][0]["content"]]
+        assert refused["n"][:3] == ("BadRequestError", 400, "unsupported")
+        assert refused["model"][:3] == ("NotFoundError", 404, "model_not_found") and "'policy'" in refused["model"][3]
+        assert refused["tokens"][:3] == ("BadRequestError", 400, "context_length_exceeded")
+        assert "max_tokens=1000000" in refused["tokens"][3] and "2048" in refused["tokens"][3]
+        assert traj["error"] is None and traj["reward"] == 1.0
+        assert traj["metrics"]["agent_rejected_requests"] == 3 and traj["metrics"]["agent_calls"] == 1
+        assert len(traj["response_ids"]) <= 8  # the good call's max_tokens capped the turn
 
 
 async def test_an_agent_whose_client_gives_up_fails_its_episode_and_a_broken_call_is_answered_as_text(

@@ -154,6 +154,7 @@ class RolloutContext:
     max_turns: int = 1
     seed: Optional[int] = None
     max_consecutive_invalid_tool_calls: Optional[int] = None  # the rollout's default for tasks with tools
+    max_total_tokens: Optional[int] = None  # the episode's context budget (prompt + response), where known
 
 
 @dataclass

@@ -3,8 +3,8 @@
     .venv/bin/python examples/learning_run/base_accuracy.py [--model embedded] [--samples 4]
 
 Runs ``python -m verl_agentic.main_rollout`` on ``easy_arith.jsonl`` with ``run.sh``'s task settings
-(gsm8k task, ``retry`` feedback with the run's retry message, flexible extraction, 2 assistant turns
-of at most 24 tokens), once greedy (one episode a problem) and once at temperature 1, the run's
+of 2026-11-24 (gsm8k task, ``retry`` feedback with the run's retry message, flexible extraction, 2
+assistant turns of at most 24 tokens; not today's ``answer_in_cut_turn=false``, which precision.py adds), once greedy (one episode a problem) and once at temperature 1, the run's
 sampling temperature (``--samples`` episodes a problem, seed 0). Writes ``base_accuracy.json``: the
 model, the commit (``git describe --always --dirty``), the settings and, per mode, the episode
 counts of first-turn correct, final correct, wrong-to-right flips and answered, their rates, and

@@ -143,7 +143,8 @@ async def replay_episode(record: dict, tokenizer: Any, stop_token_ids: list[int]
     c = record["ctx"]
     ctx = RolloutContext(tokenizer=tokenizer, task_config=dict(c["task_config"] if task_config is None else task_config),
                          sample_index=c["sample_index"], max_turns=c["max_turns"], seed=c["seed"],
-                         max_consecutive_invalid_tool_calls=c.get("max_consecutive_invalid_tool_calls"))
+                         max_consecutive_invalid_tool_calls=c.get("max_consecutive_invalid_tool_calls"),
+                         max_total_tokens=record["limits"].get("max_total_tokens"))
     sampling = SamplingParams(**record["sampling"])
     limits = LoopLimits(**record["limits"])
     tape = Tape("replay", record["events"], live=live)

@@ -154,6 +154,7 @@ class AsyncRollout:
                 sample_index=sample_id, max_turns=self.config.max_turns,
                 seed=_sample_seed(self.seed, index, sample_id),
                 max_consecutive_invalid_tool_calls=self.config.max_consecutive_invalid_tool_calls,
+                max_total_tokens=self.config.max_total_tokens,
             )
             sampling = self._sampling(index, sample_id)
             tape = self.recorder.begin(index, sample_id) if self.recorder is not None else None

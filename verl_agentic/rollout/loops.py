@@ -83,14 +83,22 @@ async def ids_agent_loop(task: Any, row: dict, ctx: RolloutContext, backend: Any
     ``end`` is not called (nothing was started).
     """
     t0 = time.perf_counter()
+    timeout = limits.episode_timeout_s if limits.episode_timeout_s and limits.episode_timeout_s > 0 else None
+    # one deadline for the whole episode, start included (an agent task's start waits for its first request)
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    start_timer = asyncio.timeout_at(deadline)
     try:
-        state = await maybe_await(task.start(row, ctx))
+        async with start_timer:
+            state = await maybe_await(task.start(row, ctx))
         if not isinstance(state, EpisodeState):
             raise TypeError(f"start() must return an EpisodeState, got {type(state).__name__}")
     except Exception as e:  # noqa: BLE001 - captured per episode
         state = EpisodeState(row=row, messages=[], ctx=ctx, finish_reason=FINISH_ERROR)
-        state.error = (EpisodeError(e.type, e.message) if isinstance(e, EpisodeFailure)
-                       else EpisodeError("task_error", f"start: {type(e).__name__}: {e}"))
+        if isinstance(e, TimeoutError) and start_timer.expired():
+            state.error = EpisodeError("timeout", f"start did not return within rollout.episode_timeout_s={timeout}")
+        else:
+            state.error = (EpisodeError(e.type, e.message) if isinstance(e, EpisodeFailure)
+                           else EpisodeError("task_error", f"start: {type(e).__name__}: {e}"))
         return state, EpisodeResult(0.0, {})
     try:
         state.prompt_ids = template.prompt_ids(state.messages, state.tools)
@@ -100,8 +108,7 @@ async def ids_agent_loop(task: Any, row: dict, ctx: RolloutContext, backend: Any
                 f"prompt has {len(state.prompt_ids)} tokens, rollout.max_total_tokens="
                 f"{limits.max_total_tokens} leaves no room to generate",
             )
-        timeout = limits.episode_timeout_s
-        async with asyncio.timeout(timeout if timeout and timeout > 0 else None):
+        async with asyncio.timeout_at(deadline):
             await _run_turns(task, state, backend, sampling, limits, template)
     except asyncio.CancelledError:
         state.error = EpisodeError("cancelled", "the rollout was cancelled")

@@ -96,9 +96,9 @@ class Gateway:
         return web.json_response(await session.complete(body))
 
     async def _models(self, request: web.Request) -> web.Response:
-        self._session(request)
+        session = self._session(request)
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "verl-agentic"}]})
+            {"id": getattr(session, "model_name", self.model_name), "object": "model", "created": int(time.time()), "owned_by": "verl-agentic"}]})
 
 
 _GATEWAYS: dict[Any, Gateway] = {}

@@ -73,6 +73,7 @@ from verl_agentic.interfaces import (
     SamplingParams,
     parse_section,
 )
+from verl_agentic.rollout.loops import default_gen
 from verl_agentic.rollout.task_spec import TaskSpec
 from verl_agentic.serving.errors import ServiceError
 from verl_agentic.serving.gateway import gateway_for_loop
@@ -146,11 +147,14 @@ def same_turn(a: dict, b: dict) -> bool:
 class AgentSession:
     """The requests of one episode's agent, answered one at a time by the task functions below."""
 
-    def __init__(self, cfg: AgentConfig, tokenizer: Any):
+    def __init__(self, cfg: AgentConfig, tokenizer: Any, max_total_tokens: Optional[int] = None):
         self.cfg, self.tokenizer, self.parser = cfg, tokenizer, get_parser(cfg.parser)
+        self.model_name = cfg.model_name  # what GET /v1/models lists, and the one model a request may name
+        self.max_total_tokens = max_total_tokens  # the episode's context, where known
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.pending: Optional[asyncio.Future] = None  # the answer the agent waits for
         self.request: dict = {}
+        self.request_messages: list[dict] = []  # the waiting request's whole conversation (template form)
         self.answered: list[dict] = []  # the conversation the next request must start with (template form)
         self.agent: Optional[asyncio.Task] = None
         self.key = ""
@@ -179,12 +183,24 @@ class AgentSession:
                 self.rejected += 1
                 answer.set_exception(e)
                 continue
-            self.request, self.pending = body, answer
-            return messages
+            self.request, self.request_messages, self.pending = body, messages, answer
+            return messages[len(self.answered):]
 
     def _accept(self, body: dict) -> list[dict]:
+        """The request's conversation in template form, if it continues what was answered (else a 400)."""
         if body.get("n", 1) not in (1, None):
             raise ServiceError(400, "unsupported", f"n={body['n']}: this gateway generates one choice per request")
+        if body.get("model") != self.cfg.model_name:
+            raise ServiceError(404, "model_not_found", (
+                f"the model {body.get('model')!r} is not served here: this episode's policy is "
+                f"{self.cfg.model_name!r} (task.<name>.model_name)"))
+        for key in ("max_completion_tokens", "max_tokens"):
+            cap = body.get(key)
+            if cap is not None and self.max_total_tokens is not None and cap > self.max_total_tokens:
+                raise ServiceError(400, "context_length_exceeded", (
+                    f"{key}={cap} is more than this episode's context of {self.max_total_tokens} tokens "
+                    "(rollout.max_total_tokens: prompt and response together); ask for fewer"),
+                    limit=self.max_total_tokens)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise ServiceError(400, "bad_request", "messages must be a non-empty list")
@@ -200,7 +216,7 @@ class AgentSession:
                 f"this request does not continue the episode's conversation (message {at} differs from what was "
                 "sent and answered, or nothing was added after the last answer): the gateway trains one row per "
                 "episode and takes append-only conversations; splitting an episode into rows is not built yet"))
-        return messages[len(self.answered):]
+        return messages
 
     def answer(self, state: EpisodeState, out: GenOutput, prompt_tokens: int) -> None:
         """Answer the waiting request with the assistant message just generated."""
@@ -231,7 +247,7 @@ class AgentSession:
                       "total_tokens": prompt_tokens + len(out.token_ids)}})
         self.pending = None
         self.calls += 1
-        self.answered = [for_template(m, i) for i, m in enumerate(self.request["messages"])] + [for_template(message, -1)]
+        self.answered = self.request_messages + [for_template(message, -1)]
 
     def refuse_pending(self, why: str) -> None:
         if self.pending is not None and not self.pending.done():
@@ -311,7 +327,7 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
 
     async def start(row: dict, ctx: RolloutContext) -> EpisodeState:
         cfg = parse_section(AgentConfig, dict(ctx.task_config), "task.<agent task>")
-        session = AgentSession(cfg, ctx.tokenizer)
+        session = AgentSession(cfg, ctx.tokenizer, ctx.max_total_tokens)
         gateway = gateway_for_loop()
         base_url, session.key = await gateway.open(session)
         session.agent = asyncio.ensure_future(run(row, base_url, session.key))
@@ -321,8 +337,8 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
                 error = session.agent.exception()
                 raise EpisodeFailure("task_error", f"the agent made no model call: it "
                                      + (f"raised {type(error).__name__}: {error}" if error else "returned first"))
-        except BaseException:
-            await _stop(session, cfg.finish_timeout_s)
+        except BaseException as e:  # a start cut by the episode's timeout (cancelled) stops the agent at once
+            await _stop(session, 0 if isinstance(e, asyncio.CancelledError) else cfg.finish_timeout_s)
             raise
         tools = session.request.get("tools") or None  # OpenAI's form, as the tools' own schemas are
         return EpisodeState(row=row, messages=messages, ctx=ctx, tools=list(tools) if tools else None, task=session)
@@ -332,7 +348,7 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
         cap = request.get("max_completion_tokens") or request.get("max_tokens")
         if isinstance(cap, int) and cap > 0:
             sampling = sampling.replace(max_new_tokens=min(sampling.max_new_tokens, cap))
-        return await backend.generate(state.context_ids, sampling)
+        return await default_gen(state, backend, sampling)
 
     async def obs(state: EpisodeState, out: GenOutput) -> Observation:
         session: AgentSession = state.task

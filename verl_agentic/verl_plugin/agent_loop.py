@@ -391,7 +391,8 @@ class TaskAgentLoop(AgentLoopBase):
         index = plain(kwargs.get("index", 0))
         ctx = RolloutContext(tokenizer=self.tokenizer, task_config=self._task_config(task_type),
                              sample_index=sample_id, max_turns=int(max_turns),
-                             max_consecutive_invalid_tool_calls=self.settings.max_consecutive_invalid_tool_calls)
+                             max_consecutive_invalid_tool_calls=self.settings.max_consecutive_invalid_tool_calls,
+                             max_total_tokens=self.prompt_length + self.response_length)
         sampling = SamplingParams(
             max_new_tokens=self.settings.max_new_tokens or self.response_length,
             temperature=float(sampling_params.get("temperature", 1.0)),
