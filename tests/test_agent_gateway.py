@@ -348,7 +348,8 @@ AGENT_SCRIPT = textwrap.dedent('''
 
 def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, smol_dir, smol_tokenizer):
     """``main_rollout`` with our hf engine and the embedded SmolLM2: a command agent (the OpenAI SDK in a
-    subprocess, the row on stdin) registered in a user's module; every episode is token-exact."""
+    subprocess, the row on stdin) registered in a user's module; every episode is token-exact, and the
+    recorded run replays with no model (the agent program runs again against the recorded tokens)."""
     import subprocess
 
     (tmp_path / "agent.py").write_text(AGENT_SCRIPT)
@@ -364,7 +365,7 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_agents]",
                            f"model.path={smol_dir}", f"data.path={data}", f"output.dir={out}", "rollout.max_turns=2",
-                           "rollout.max_new_tokens=16", "rollout.temperature=0"],
+                           "rollout.max_new_tokens=16", "rollout.temperature=0", "output.record=true"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -375,6 +376,10 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] in (0.0, 1.0) and traj["metrics"]["chars"] == 1.0
         assert check_drift(traj, smol_tokenizer, stop_token_ids=[stop]).ok
+    # the recording replays with no model: the same agent program, answered from the recorded tokens
+    proc = subprocess.run([sys.executable, "-m", "verl_agentic.replay", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0 and "3 same as recorded, 0 differ" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
