@@ -16,10 +16,12 @@ import textwrap
 
 import openai
 import pytest
+import torch
 
 from verl_agentic.backends.base import GenerationBackend
 from verl_agentic.interfaces import ConfigError, GenOutput
 from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
+from verl_agentic.rollout.trajectory import training_rows
 from verl_agentic.serving.gateway import Gateway
 from verl_agentic.tasks import register_task
 from verl_agentic.tasks.agent import agent_task
@@ -91,13 +93,13 @@ async def rewriting_agent(row, client):
     first = await client.chat.completions.create(model="policy", tools=[CALCULATOR],
                                                  messages=[{"role": "user", "content": row["question"]}])
     try:
-        await client.chat.completions.create(model="policy", messages=[
+        await client.chat.completions.create(model="policy", tools=[CALCULATOR], messages=[
             {"role": "user", "content": "Summary: " + row["question"]},
             first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "0"}])
     except openai.BadRequestError as e:
         return {"reward": 0.25, "metrics": {"refused": 1.0, "history_changed": float(e.type == "history_changed"),
-                                            "says_why": float("append-only" in e.body["message"])}}
-    return 0.0
+                                            "says_why": float("split_rows=false" in e.body["message"])}}
+    return {"reward": 1.0, "metrics": {"refused": 0.0}, "call_rewards": [0.1, 0.9]}
 
 
 async def chatty_agent(row, client):
@@ -186,10 +188,10 @@ def _rows(task_type: str) -> list[dict]:
     return [{"task_type": task_type, "question": q, "answer": a, "index": i} for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
 
 
-async def _rollout(policy, task_type: str, max_turns: int = 4, **limits) -> list[dict]:
+async def _rollout(policy, task_type: str, max_turns: int = 4, task_config: dict | None = None, **limits) -> list[dict]:
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=128, max_total_tokens=2048, temperature=1.0, concurrency=4,
                         **limits)
-    return await AsyncRollout(policy, cfg, seed=0).run(_rows(task_type))
+    return await AsyncRollout(policy, cfg, seed=0, task_configs={task_type: task_config or {}}).run(_rows(task_type))
 
 
 async def test_an_openai_sdk_agent_with_tool_calls_becomes_one_token_exact_row_per_episode(qwen25_tokenizer):
@@ -227,8 +229,35 @@ async def test_a_synchronous_agent_runs_in_a_thread_with_the_blocking_client(qwe
     assert all(t["metrics"]["agent_calls"] == 1 and len(t["turns"]) == 1 for t in trajs)
 
 
-async def test_a_changed_history_is_refused_with_the_reason_and_the_row_keeps_what_was_answered(qwen25_tokenizer):
-    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_rewriting_agent")
+async def test_a_changed_history_starts_a_new_row_of_the_episode_each_token_exact(qwen25_tokenizer):
+    """A request whose history is not the one answered (a summarised context) starts a second row: its
+    whole conversation is the row's prompt; both rows are token-exact, only generated tokens are trained
+    on, and the per-call rewards land on the calls across the rows."""
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    trajs = await _rollout(policy, "va_rewriting_agent")
+    for traj in trajs:
+        assert traj["error"] is None and traj["reward"] == 1.0 and traj["metrics"]["refused"] == 0.0
+        assert traj["metrics"]["agent_rows"] == 2 and traj["metrics"]["agent_calls"] == 2
+        (before,) = traj["rows_before"]
+        assert before["split_reason"] == "history_changed" and [m["role"] for m in before["messages"]] == [
+            "user", "assistant"]
+        assert traj["messages"][0]["content"].startswith("Summary: ")  # the last row: the new conversation
+        assert [m["role"] for m in traj["messages"]] == ["user", "assistant", "tool", "assistant"]
+        rows = training_rows(traj)
+        assert [(r["row"], r["rows"]) for r in rows] == [(0, 2), (1, 2)] and rows[0]["split_reason"] == "history_changed"
+        assert rows[0]["prompt_ids"] != rows[1]["prompt_ids"]
+        assert qwen25_tokenizer.decode(rows[1]["prompt_ids"]).count("Summary: ") == 1
+        for r in rows:  # mask 1 exactly on what the policy generated, in each row
+            generated = [i for i, m in zip(r["response_ids"], r["response_mask"]) if m]
+            assert generated in policy.replies and [t["role"] for t in r["turns"]] == ["assistant"]
+        assert [t["reward"] for r in rows for t in r["turns"] if t["role"] == "assistant"] == [0.1, 0.9]
+        report = check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id])
+        assert report.ok and report.generated_tokens == sum(sum(r["response_mask"]) for r in rows), report.as_dict()
+
+
+async def test_with_split_rows_false_a_changed_history_is_refused_with_the_reason(qwen25_tokenizer):
+    trajs = await _rollout(ScriptedCalculatorPolicy(qwen25_tokenizer), "va_rewriting_agent",
+                           task_config={"split_rows": False})
     for traj in trajs:
         assert traj["reward"] == 0.25 and traj["metrics"]["history_changed"] == traj["metrics"]["says_why"] == 1.0
         assert traj["metrics"]["agent_rejected_requests"] == 1 and len(traj["turns"]) == 1
@@ -341,15 +370,19 @@ AGENT_SCRIPT = textwrap.dedent('''
     row = json.load(sys.stdin)
     client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
     reply = client.chat.completions.create(model="policy", messages=row["prompt"])  # the preprocessed row's
+    # a fresh, summarised conversation: the episode's second training row
+    again = client.chat.completions.create(model="policy", messages=[
+        {"role": "user", "content": "Briefly: " + row["prompt"][-1]["content"]}])
     print("some log line")
-    print(json.dumps({"reward": float(len(reply.choices[0].message.content) > 0), "metrics": {"chars": 1}}))
+    print(json.dumps({"reward": float(len(again.choices[0].message.content) > 0), "metrics": {"chars": 1}}))
 ''')
 
 
 def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, smol_dir, smol_tokenizer):
     """``main_rollout`` with our hf engine and the embedded SmolLM2: a command agent (the OpenAI SDK in a
-    subprocess, the row on stdin) registered in a user's module; every episode is token-exact, and the
-    recorded run replays with no model (the agent program runs again against the recorded tokens)."""
+    subprocess, the row on stdin) registered in a user's module, whose second call starts a fresh
+    conversation (a second row); every row is token-exact, and the recorded run replays with no model
+    (the agent program runs again against the recorded tokens, compared row by row)."""
     import subprocess
 
     (tmp_path / "agent.py").write_text(AGENT_SCRIPT)
@@ -375,7 +408,9 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     stop = smol_tokenizer.convert_tokens_to_ids("<|im_end|>")
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] in (0.0, 1.0) and traj["metrics"]["chars"] == 1.0
-        assert check_drift(traj, smol_tokenizer, stop_token_ids=[stop]).ok
+        assert traj["metrics"]["agent_rows"] == 2 and traj["rows_before"][0]["split_reason"] == "history_changed"
+        report = check_drift(traj, smol_tokenizer, stop_token_ids=[stop])
+        assert report.ok and report.generated_tokens == sum(sum(r["response_mask"]) for r in training_rows(traj))
     # the recording replays with no model: the same agent program, answered from the recorded tokens
     proc = subprocess.run([sys.executable, "-m", "verl_agentic.replay", str(out)], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
@@ -384,15 +419,23 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
 
 def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
     """Our trainer (``main_ppo``, one GRPO step, a tiny random model) on a callable agent registered in a
-    user's module: the step's rows are the agent's episodes, scored by the agent's own reward."""
+    user's module: the step's rows are the agent's episodes, scored by the agent's own reward; every other
+    episode changes its history (a second row), so the step trains a batch of 6 rows from 4 episodes."""
     import subprocess
 
     (tmp_path / "my_agents.py").write_text(textwrap.dedent('''
+        import itertools
         from verl_agentic.tasks import register_task
         from verl_agentic.tasks.agent import agent_task
 
+        EPISODES = itertools.count()
+
         async def length_agent(row, client):
             reply = await client.chat.completions.create(model="policy", messages=row["prompt"])
+            if next(EPISODES) % 2 == 0:  # a summarised context: the episode's second row
+                question = row["prompt"][-1]["content"]
+                reply = await client.chat.completions.create(model="policy", messages=[
+                    {"role": "user", "content": "In short: " + question}])
             return {"reward": min(1.0, len(reply.choices[0].message.content) / 20), "metrics": {"answered": 1}}
 
         register_task("length_agent", agent_task(length_agent))
@@ -401,7 +444,7 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
     data.write_text("".join(json.dumps({"question": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(4)))
     proc = subprocess.run(
         [sys.executable, "-m", "verl_agentic.main_ppo", "imports=[my_agents]", f"model.path={tiny_smol_dir}",
-         f"data.path={data}", "data.max_samples=4", "task_type=length_agent", "trainer.total_steps=1",
+         f"data.path={data}", "data.max_samples=4", "task_type=length_agent", "trainer.total_steps=1", "rollout.max_turns=2",
          "trainer.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=4",
          "actor.ppo_micro_batch_size=4", "trainer.val_before_train=false", "trainer.save_hf_model=false",
          "output.dir=out", "output.quiet=true"],
@@ -411,5 +454,80 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
     trajs = [json.loads(x) for x in (tmp_path / "out" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(trajs) == 4 and {t["task_type"] for t in trajs} == {"length_agent"}
     for t in trajs:
-        assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["answered"] == 1
+        assert t["error"] is None and t["metrics"]["answered"] == 1
+        assert t["metrics"]["agent_calls"] == t["metrics"]["agent_rows"] == 1 + len(t.get("rows_before") or [])
         assert t["score"] == pytest.approx(t["reward"]) and t["score_extra"] == {"scored_by": "episode_reward"}
+    assert sorted(t["metrics"]["agent_rows"] for t in trajs) == [1, 1, 2, 2]
+    (step,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+               if json.loads(x).get("step") == 1]
+    assert (step["batch/rows"], step["batch/episodes"]) == (6, 4) and step["actor/pg_loss"] == step["actor/pg_loss"]
+
+
+def test_grpo_groups_count_episodes_not_rows_and_every_row_gets_its_episodes_advantage():
+    """main_ppo's advantages for a batch with an episode of several rows (verl's own GRPO, a real batch):
+    one prompt, three episodes with rewards 1, 0, 0, the first of them in three rows. GRPO over the
+    episodes gives +1.155 / -0.577 / -0.577 (mean 1/3, std 0.577); every row of the first episode gets
+    +1.155 on its own generated tokens. Counting rows instead would give other numbers (checked)."""
+    from verl.trainer.config import AlgoConfig
+
+    from verl_agentic.trainer.batch import build_batch, to_dataproto
+    from verl_agentic.trainer.ppo import per_episode_advantages
+    from verl_agentic.trainer.verl_config import verl_modules
+
+    _, ray_trainer, _ = verl_modules()
+
+    def row(n: int, injected: int = 0) -> dict:
+        return {"prompt_ids": [1, 2, 3], "response_ids": [5] * n + [6] * injected,
+                "response_mask": [1] * n + [0] * injected, "response_logprobs": [-0.1] * n + [None] * injected}
+
+    rows = [row(2, injected=2), row(3), row(1), row(2), row(4)]
+    episode_of, scores = [0, 0, 0, 1, 2], [1.0, 1.0, 1.0, 0.0, 0.0]
+
+    def data():
+        d = to_dataproto(build_batch(rows, scores, pad_id=0, uids=["prompt-0"] * 5))
+        d.batch["token_level_rewards"] = d.batch["token_level_scores"]
+        return d
+
+    def estimate(d):
+        return ray_trainer.compute_advantage(d, adv_estimator="grpo", num_repeat=3, norm_adv_by_std_in_grpo=True,
+                                             config=AlgoConfig(adv_estimator="grpo"))
+
+    out = per_episode_advantages(data(), episode_of, estimate)
+    adv, mask = out.batch["advantages"], out.batch["response_mask"]
+    expected = [2 / 3 / (1 / 3) ** 0.5, -1 / 3 / (1 / 3) ** 0.5, -1 / 3 / (1 / 3) ** 0.5]  # std over 3: unbiased
+    for i, e in enumerate(episode_of):
+        generated = mask[i] > 0
+        assert adv[i][generated].tolist() == pytest.approx([expected[e]] * int(generated.sum()), abs=1e-4)
+        assert adv[i][~generated].abs().sum() == 0  # injected tokens and padding get none
+    assert torch.equal(out.batch["returns"], adv)
+    counted_rows = estimate(data()).batch["advantages"]  # what one row per sample would have given
+    assert counted_rows[0][0] == pytest.approx(0.730, abs=1e-3) and counted_rows[0][0] != pytest.approx(expected[0], abs=0.1)
+
+
+def test_a_replay_compares_every_row_of_an_episode():
+    """replay/compare.py on an episode of two rows: a changed token in the first row is found there (its
+    turn counted across the rows), one in the last row at turn 2, and a replay that made fewer rows too."""
+    import copy
+
+    from verl_agentic.replay.compare import trajectory_difference
+
+    def row(ids: list[int]) -> dict:
+        return {"prompt_ids": [1], "response_ids": ids, "response_mask": [1] * len(ids),
+                "response_logprobs": [0.0] * len(ids), "messages": [{"role": "user", "content": "q"},
+                                                                    {"role": "assistant", "content": "a"}],
+                "turns": [{"role": "assistant", "start": 0, "end": len(ids), "text": "a"}]}
+
+    recorded = {**row([7, 8]), "rows_before": [{**row([5, 6]), "split_reason": "history_changed"}]}
+    assert trajectory_difference(recorded, copy.deepcopy(recorded)) is None
+    first = copy.deepcopy(recorded)
+    first["rows_before"][0]["response_ids"] = [5, 9]
+    d = trajectory_difference(recorded, first)
+    assert (d["turn"], d["what"]) == (1, "tokens") and d["detail"].startswith("row 0:")
+    last = copy.deepcopy(recorded)
+    last["response_ids"] = [7, 9]
+    d = trajectory_difference(recorded, last)
+    assert (d["turn"], d["what"]) == (2, "tokens") and d["detail"].startswith("row 1:")
+    fewer = {**copy.deepcopy(recorded["rows_before"][0]), "split_reason": None}
+    fewer = {k: v for k, v in fewer.items() if k != "split_reason"}
+    d = trajectory_difference(recorded, fewer)
+    assert d["detail"] == "the replay made 1 rows, the recording 2"

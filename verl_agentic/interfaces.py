@@ -117,6 +117,9 @@ class Observation:
     when the episode goes on; ``turn_reward`` is stored on the assistant turn it judges.
     ``metrics`` update the episode's metrics; ``info`` (JSON-serialisable facts about this turn
     only, e.g. the outcome of each of its tool calls) is stored on the assistant turn as ``info``.
+    ``new_row`` (a reason, e.g. ``history_changed``): ``messages`` is a whole new conversation, not a
+    continuation; the loop closes the episode's current row and starts another one whose prompt is
+    ``messages`` rendered (``EpisodeState.rows`` keeps the closed rows).
     """
 
     messages: list[dict] = field(default_factory=list)
@@ -124,6 +127,7 @@ class Observation:
     turn_reward: Optional[float] = None
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    new_row: Optional[str] = None
 
 
 @dataclass
@@ -187,7 +191,10 @@ class EpisodeState:
 
     The loop owns the token fields (``prompt_ids``, ``response_ids``, ``response_mask``,
     ``response_logprobs``, ``turns``); tasks read them and keep their own data in ``task``
-    (any object, ideally a small dataclass of the task's own).
+    (any object, ideally a small dataclass of the task's own). An episode is one training row unless an
+    ``Observation`` starts a new one (``new_row``): then ``rows`` holds the closed rows, each a dict of
+    ``prompt_ids``, ``response_ids``, ``response_mask``, ``response_logprobs``, ``messages``, ``turns``
+    and ``split_reason`` (why the row after it started), and the token fields are the current row's.
     """
 
     row: dict
@@ -204,6 +211,12 @@ class EpisodeState:
     metrics: dict[str, float] = field(default_factory=dict)
     finish_reason: Optional[str] = None
     error: Optional[EpisodeError] = None
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def all_turns(self) -> list[Turn]:
+        """The turns of every row of the episode, in order (the closed rows' first)."""
+        return [t for r in self.rows for t in r["turns"]] + self.turns
 
     @property
     def context_ids(self) -> list[int]:

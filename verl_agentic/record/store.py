@@ -98,6 +98,8 @@ class RecordingWriter:
                           "max_consecutive_invalid_tool_calls": ctx.max_consecutive_invalid_tool_calls},
                   "sampling": dataclasses.asdict(sampling), "limits": dataclasses.asdict(limits), "row": row,
                   "events": tape.events, "outcome": {k: traj.get(k) for k in OUTCOME_KEYS}}
+        if traj.get("rows_before"):  # an episode of several rows: the earlier ones are compared too
+            record["outcome"]["rows_before"] = traj["rows_before"]
         with self._lock:
             if self._out is None:
                 self._out = JsonLinesAppender(self.dir / EPISODES)

@@ -3,6 +3,7 @@
 Checked in the order an episode runs, the first difference wins:
 
 - the prompt the task built (turn 0, ``messages``);
+- an episode of several rows (an agent whose history changed) row by row, its turns counted across them;
 - each turn of the trajectory, in order: an assistant turn's token ids, text, finish reason and reward
   (``tokens``, ``reward``), then the observation that followed it (tool results, feedback, a user's
   reply: ``messages``, numbered with the assistant turn it answers);
@@ -15,6 +16,8 @@ Checked in the order an episode runs, the first difference wins:
 from __future__ import annotations
 
 from typing import Any, Optional
+
+from verl_agentic.rollout.trajectory import training_rows
 
 
 def _first_index(a: list, b: list) -> int:
@@ -49,6 +52,8 @@ def _diff(turn: int, what: str, detail: str) -> dict:
 def trajectory_difference(recorded: dict, replayed: dict, tokenizer: Any = None) -> Optional[dict]:
     """The first turn where ``replayed`` (a trajectory) differs from ``recorded`` (a recording's
     ``outcome``), not counting the end (``end_difference``)."""
+    if recorded.get("rows_before") or replayed.get("rows_before"):
+        return _rows_difference(recorded, replayed, tokenizer)
     if recorded["prompt_ids"] != replayed["prompt_ids"]:
         return _diff(0, "messages", "the prompt differs: " + _ids_detail(recorded["prompt_ids"], replayed["prompt_ids"],
                                                                           tokenizer))
@@ -79,6 +84,19 @@ def trajectory_difference(recorded: dict, replayed: dict, tokenizer: Any = None)
         i = _first_index(recorded["messages"], replayed["messages"])
         return _diff(turn, "messages", f"message {i}: recorded {_clip(recorded['messages'][i:i + 1])}, "
                                        f"replayed {_clip(replayed['messages'][i:i + 1])}")
+    return None
+
+
+def _rows_difference(recorded: dict, replayed: dict, tokenizer: Any) -> Optional[dict]:
+    done = 0  # assistant turns of the rows before
+    rec, rep = training_rows(recorded), training_rows(replayed)
+    for a, b in zip(rec, rep):
+        d = trajectory_difference(a, b, tokenizer)
+        if d is not None:
+            return {**d, "turn": d["turn"] + done, "detail": f"row {a['row']}: {d['detail']}"}
+        done += sum(1 for t in a["turns"] if t["role"] == "assistant")
+    if len(rec) != len(rep):
+        return _diff(done, "messages", f"the replay made {len(rep)} rows, the recording {len(rec)}")
     return None
 
 

@@ -8,7 +8,8 @@ One readable async function runs an episode::
         out = gen(state, backend, sampling)      # token ids + logprobs, kept as generated
         ob  = obs(state, out)                    # feedback / tool results / done / turn reward
         stop if done, out of turns, or the next delta does not fit max_total_tokens
-        append the delta tokens of ob.messages   # mask 0, logprob None
+        if ob.new_row: close this row, prompt_ids = template(ob.messages)   # a new training row
+        else: append the delta tokens of ob.messages   # mask 0, logprob None
     end(state)                                   # always, also after errors and cancellation
 
 Context budget rule (the same on every path): ``prompt + response <= max_total_tokens``.
@@ -171,6 +172,10 @@ async def _run_turns(task: Any, state: EpisodeState, backend: Any, sampling: Sam
         if turn_index == limits.max_turns - 1:
             state.finish_reason = FINISH_MAX_TURNS
             return
+        if ob.new_row:
+            if not _start_row(state, ob.messages, ob.new_row, template, limits):
+                return
+            continue
 
         stop_text = template.stop_text(out.token_ids[-1]) if stopped else None
         delta = template.delta_text(state.messages, ob.messages, generated_stop_text=stop_text, tools=state.tools)
@@ -215,6 +220,25 @@ def _append_assistant(state: EpisodeState, out: GenOutput, stop_ids: set[int], t
     if out.finish_reason == "length":
         state.metrics["truncated_turns"] = state.metrics.get("truncated_turns", 0) + 1
     return stopped
+
+
+def _start_row(state: EpisodeState, messages: list[dict], reason: str, template: ChatTemplate,
+               limits: LoopLimits) -> bool:
+    """Close the current row (into ``state.rows``) and start a new one whose prompt is ``messages``;
+    False (the episode ends, ``context_overflow``) when that prompt leaves no room to generate."""
+    state.rows.append({"prompt_ids": state.prompt_ids, "response_ids": state.response_ids,
+                       "response_mask": state.response_mask, "response_logprobs": state.response_logprobs,
+                       "messages": state.messages, "turns": state.turns, "split_reason": str(reason)})
+    state.messages, state.turns = list(messages), []
+    state.response_ids, state.response_mask, state.response_logprobs = [], [], []
+    state.prompt_ids = template.prompt_ids(state.messages, state.tools)
+    if len(state.prompt_ids) >= limits.max_total_tokens:
+        state.finish_reason = FINISH_LENGTH
+        state.error = EpisodeError("context_overflow", (
+            f"row {len(state.rows)}'s prompt has {len(state.prompt_ids)} tokens, rollout.max_total_tokens="
+            f"{limits.max_total_tokens} leaves no room to generate"))
+        return False
+    return True
 
 
 def _append_injected(state: EpisodeState, messages: list[dict], text: str, ids: list[int]) -> None:

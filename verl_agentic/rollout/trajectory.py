@@ -6,7 +6,8 @@ A trajectory is a plain dict (one JSON line), see docs/rollouts.md ("Trajectorie
      "prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages", "turns",
      "reward", "num_turns", "finish_reason", "error", "metrics"}
     (+ "tools" when the episode had tools; + "scorer" when its task names one; + "score", "score_extra", "score_error" once a
-    reward manager scored it, see ``verl_agentic.reward``)
+    reward manager scored it, see ``verl_agentic.reward``; + "rows_before" when the episode made several
+    training rows: its token fields are the last row's, ``rows_before`` the earlier ones, see ``training_rows``)
 
 ``check_drift`` verifies a trajectory against the chat template:
 
@@ -61,9 +62,30 @@ def build_trajectory(state: EpisodeState, result: EpisodeResult, *, uid: str, ta
     }
     if state.tools:
         traj["tools"] = state.tools
+    if state.rows:
+        traj["rows_before"] = [{**r, "turns": [t.as_dict() for t in r["turns"]]} for r in state.rows]
     if scorer:  # the task names its scorer (TaskSpec.scorer)
         traj["scorer"] = scorer
     return traj
+
+
+ROW_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages", "turns")
+
+
+def training_rows(traj: dict) -> list[dict]:
+    """The episode's training rows, in order: one per row of ``rows_before`` (the episode's other fields
+    with that row's token fields, ``split_reason`` saying why the next row started) and the trajectory's
+    own last row. Each carries ``row`` (its position) and ``rows`` (how many the episode made); an
+    episode of one row gives ``[traj]`` itself."""
+    before = traj.get("rows_before") or []
+    if not before:
+        return [traj]
+    base = {k: v for k, v in traj.items() if k != "rows_before"}
+    rows = [{**base, **{k: r[k] for k in ROW_FIELDS}, "split_reason": r.get("split_reason")} for r in before]
+    rows.append(base)
+    for i, r in enumerate(rows):
+        r["row"], r["rows"] = i, len(rows)
+    return rows
 
 
 def turn_rewards(traj: dict) -> list[tuple[int, float]]:
@@ -168,9 +190,27 @@ def _check_structure(traj: dict) -> list[str]:
     return problems
 
 
+def _merge(reports: list[tuple[int, "DriftReport"]]) -> "DriftReport":
+    merged = DriftReport()
+    for row, r in reports:
+        merged.structure += [f"row {row}: {p}" for p in r.structure]
+        for m in r.injected + r.rerender:
+            m.span = f"row {row} {m.span}"
+        merged.injected += r.injected
+        merged.rerender += r.rerender
+        merged.generated_tokens += r.generated_tokens
+        merged.reencode_changed += r.reencode_changed
+        merged.injected_tokens += r.injected_tokens
+    return merged
+
+
 def check_drift(traj: dict, tokenizer: Any, chat_template_kwargs: Optional[dict] = None,
                 stop_token_ids: Optional[Iterable[int]] = None) -> DriftReport:
-    """Check one trajectory against the chat template (see the module docstring)."""
+    """Check one trajectory against the chat template (see the module docstring); an episode of several
+    rows (``rows_before``) row by row, the problems of each named by its row."""
+    if traj.get("rows_before"):
+        return _merge([(r["row"], check_drift(r, tokenizer, chat_template_kwargs, stop_token_ids))
+                       for r in training_rows(traj)])
     template = ChatTemplate(tokenizer, chat_template_kwargs)
     report = DriftReport(structure=_check_structure(traj))
     if report.structure or not traj["prompt_ids"]:  # nothing was rendered (start failed)

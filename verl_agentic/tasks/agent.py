@@ -23,16 +23,19 @@ How an episode runs (the rollout's own loop, ``rollout/loops.py``; this module s
     gen:   generate from the episode's token ids (the rollout's sampling; the request's max_tokens caps it)
     obs:   parse the generated text with the task's parser, answer the agent with an OpenAI message
            (content + tool_calls), wait for its next request: the messages it adds after our answer are
-           the observation (rendered as the template's delta, mask 0); the agent returning ends it
+           the observation (rendered as the template's delta, mask 0); a request with another history
+           starts a new training row (Observation.new_row); the agent returning ends it
     end:   the agent's result is the reward; a request still waiting is refused with the reason
 
 So the captured ids are what the model saw and generated, by construction: generated tokens are never
-decoded and re-encoded, and what the agent adds is rendered in the conversation's real context. One
-episode is one training row, as long as each request continues the conversation the gateway answered:
-its messages must start with the previous request's messages plus our answer (compared as role,
-text and tool calls, ignoring ids and empty fields). A request that changes the history (a summarised
-context, a sub-agent with a fresh conversation) is refused with a 400 that says so, and counted in the
-``agent_rejected_requests`` metric: splitting an episode into several rows is not built yet.
+decoded and re-encoded, and what the agent adds is rendered in the conversation's real context.
+Calls merge into one training row while each request continues the conversation the gateway answered:
+its messages start with the previous request's messages plus our answer (compared as role, text and
+tool calls, ignoring ids and empty fields). A request that changes the history (a summarised context,
+a sub-agent with a fresh conversation, a retry) starts a new row of the same episode, its whole
+conversation rendered as the row's prompt; the reason is kept on the row (``split_reason``:
+``history_changed``) and the episode's ``agent_rows`` metric counts its rows. With ``split_rows=false``
+such a request is refused with a 400 ``history_changed`` instead (counted in ``agent_rejected_requests``).
 
 The result: a number (the reward), or a dict with ``reward``, optional ``metrics`` (numbers) and
 optional ``call_rewards`` (one per model call, in order: the assistant turns' rewards, for
@@ -41,7 +44,8 @@ episode (reward 0) that keeps its tokens.
 
 Config (``task.<name>.*``): ``parser`` (hermes), ``finish_timeout_s`` (30: how long ``end`` waits for
 the agent after the episode stopped, before cancelling it), ``model_name`` (policy: what
-``/v1/models`` lists). The rollout's ``max_turns`` bounds the model calls of an episode and
+``/v1/models`` lists, and the one model a request may name), ``split_rows`` (true: a changed history
+starts a new row; false: it is refused). The rollout's ``max_turns`` bounds the model calls of an episode and
 ``max_total_tokens`` its tokens. What the gateway ignores, on purpose: a request's ``temperature``,
 ``top_p`` and ``seed`` (the rollout's sampling rules: it is the policy being trained); ``stop`` strings;
 ``tool_choice`` other than ``none`` (calls are parsed whenever the model writes them). ``n`` other
@@ -85,6 +89,7 @@ class AgentConfig:
     parser: str = "hermes"
     finish_timeout_s: float = 30.0
     model_name: str = "policy"
+    split_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.finish_timeout_s <= 0:
@@ -155,6 +160,7 @@ class AgentSession:
         self.pending: Optional[asyncio.Future] = None  # the answer the agent waits for
         self.request: dict = {}
         self.request_messages: list[dict] = []  # the waiting request's whole conversation (template form)
+        self.new_row: Optional[str] = None  # why the waiting request starts a new row (None: it continues)
         self.answered: list[dict] = []  # the conversation the next request must start with (template form)
         self.agent: Optional[asyncio.Task] = None
         self.key = ""
@@ -178,16 +184,18 @@ class AgentSession:
                 return None
             body, answer = get.result()
             try:
-                messages = self._accept(body)
+                messages, continues = self._accept(body)
             except ServiceError as e:
                 self.rejected += 1
                 answer.set_exception(e)
                 continue
             self.request, self.request_messages, self.pending = body, messages, answer
-            return messages[len(self.answered):]
+            self.new_row = None if continues else "history_changed"
+            return messages[len(self.answered):] if continues else messages
 
-    def _accept(self, body: dict) -> list[dict]:
-        """The request's conversation in template form, if it continues what was answered (else a 400)."""
+    def _accept(self, body: dict) -> tuple[list[dict], bool]:
+        """The request's conversation in template form, and whether it continues what was answered (a
+        changed history: a new row, or a 400 with ``split_rows=false``)."""
         if body.get("n", 1) not in (1, None):
             raise ServiceError(400, "unsupported", f"n={body['n']}: this gateway generates one choice per request")
         if body.get("model") != self.cfg.model_name:
@@ -206,17 +214,20 @@ class AgentSession:
             raise ServiceError(400, "bad_request", "messages must be a non-empty list")
         messages = [for_template(m, i) for i, m in enumerate(raw)]
         if not self.answered:
-            return messages
+            return messages, True
         same = len(messages) > len(self.answered) and all(
             same_turn(a, b) for a, b in zip(messages, self.answered))
+        if not same and self.cfg.split_rows:
+            return messages, False
         if not same:
             at = next((i for i, (a, b) in enumerate(zip(messages, self.answered)) if not same_turn(a, b)),
                       min(len(messages), len(self.answered)))
             raise ServiceError(400, "history_changed", (
                 f"this request does not continue the episode's conversation (message {at} differs from what was "
                 "sent and answered, or nothing was added after the last answer): the gateway trains one row per "
-                "episode and takes append-only conversations; splitting an episode into rows is not built yet"))
-        return messages
+                "episode while each request continues the conversation, and task.<name>.split_rows=false "
+                "refuses a request that does not"))
+        return messages, True
 
     def answer(self, state: EpisodeState, out: GenOutput, prompt_tokens: int) -> None:
         """Answer the waiting request with the assistant message just generated."""
@@ -354,7 +365,9 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
         session: AgentSession = state.task
         session.answer(state, out, prompt_tokens=state.num_tokens - len(out.token_ids))
         messages = await session.next_request()
-        return Observation(done=True) if messages is None else Observation(messages=messages)
+        if messages is None:
+            return Observation(done=True)
+        return Observation(messages=messages, new_row=session.new_row)
 
     async def end(state: EpisodeState) -> EpisodeResult:
         session: AgentSession = state.task
@@ -362,7 +375,7 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
             f"the episode ended ({state.finish_reason}: the rollout's max_turns or max_total_tokens ran out, "
             "or the episode failed) before this request could be answered"))
         metrics = {"agent_calls": float(session.calls), "agent_rejected_requests": float(session.rejected),
-                   "agent_parse_errors": float(session.parse_errors)}
+                   "agent_parse_errors": float(session.parse_errors), "agent_rows": float(len(state.rows) + 1)}
         if isinstance(outcome, BaseException):
             if state.error is None:
                 state.error = EpisodeError("task_error", f"agent: {type(outcome).__name__}: {outcome}")
@@ -376,7 +389,7 @@ def agent_task(agent: Optional[Callable] = None, *, command: Union[Sequence[str]
                 state.finish_reason = "error"
             return EpisodeResult(0.0, metrics)
         if call_rewards is not None:
-            assistant = [t for t in state.turns if t.role == "assistant"]
+            assistant = [t for t in state.all_turns if t.role == "assistant"]
             if len(call_rewards) != len(assistant):
                 raise EpisodeFailure("task_error", f"the agent gave {len(call_rewards)} call_rewards for "
                                                    f"{len(assistant)} model calls")

@@ -49,6 +49,7 @@ from verl_agentic.interfaces import ConfigError
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.reward import REWARD_MANAGERS, score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
+from verl_agentic.rollout.trajectory import training_rows
 from verl_agentic.tasks import get_task
 from verl_agentic.trainer.actor import Actor, logprob_gap
 from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
@@ -161,11 +162,13 @@ class PPOTrainer:
         metrics = rollout_metrics(trajs, rewards)
         warn_missing_rewards(self.step + 1, trajs, rewards, metrics, self.conf.trainer.warn_missing_reward_share)
 
-        batch, episodes = self._batch(trajs, rewards)
+        batch, rows, episode_of = self._batch(trajs, rewards)
+        if len(set(episode_of)) != len(episode_of):  # an agent's episodes of several rows
+            metrics["batch/rows"], metrics["batch/episodes"] = float(len(episode_of)), float(len(set(episode_of)))
         generated = batch.response_mask
         with _timed(timing, "old_logprob"):
-            recomputed, missing = self._old_logprobs(batch, episodes, metrics)
-        self._advantages(batch, metrics, correct=recomputed and not missing)
+            recomputed, missing = self._old_logprobs(batch, rows, metrics)
+        self._advantages(batch, metrics, correct=recomputed and not missing, episode_of=episode_of)
         self.safety.update_begins()  # the weights are neither step's until the step is recorded
         with _timed(timing, "update"):
             metrics.update(self.actor.update(batch, measure_gap=not recomputed))
@@ -206,14 +209,25 @@ class PPOTrainer:
             score_trajectories(trajs, self.scorer)
         return [None if t["score"] is None else float(t["score"]) for t in trajs]
 
-    def _batch(self, trajs: list[dict], rewards: list[Optional[float]]) -> tuple[TrainBatch, list[dict]]:
-        """The episodes with a reward and a generated token (a step without one is an error), padded."""
-        train = [(t, r) for t, r in zip(trajs, rewards) if r is not None and sum(t["response_mask"]) > 0]
-        if not train:
+    def _batch(self, trajs: list[dict], rewards: list[Optional[float]]) -> tuple[TrainBatch, list[dict], list[int]]:
+        """The training rows of the episodes with a reward (a row without a generated token is left out; a
+        step without any row is an error), padded; an episode of several rows (an agent whose history
+        changed) gives each its reward and group. Returns the batch, each row's dict (the trajectory,
+        or its entry of ``rows_before``: where its ``trainer_logprobs`` go) and each row's episode."""
+        rows, scores, groups, episode_of = [], [], [], []
+        for e, (t, r) in enumerate((t, r) for t, r in zip(trajs, rewards) if r is not None):
+            targets = [*(t.get("rows_before") or []), t]
+            for row, target in zip(training_rows(t), targets):
+                if sum(row["response_mask"]) > 0:
+                    rows.append((row, target))
+                    scores.append(r)
+                    groups.append(t["group"])
+                    episode_of.append(e)
+        if not rows:
             raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
-        batch = build_batch([t for t, _ in train], [r for _, r in train], self.pad_id,
-                            uids=[t["group"] for t, _ in train], turn_rewards=self.conf.algorithm.turn_rewards)
-        return batch, [t for t, _ in train]
+        batch = build_batch([row for row, _ in rows], scores, self.pad_id, uids=groups,
+                            turn_rewards=self.conf.algorithm.turn_rewards)
+        return batch, [target for _, target in rows], episode_of
 
     def _old_logprobs(self, batch: TrainBatch, episodes: list[dict], metrics: dict) -> tuple[bool, bool]:
         """The old logprobs into ``batch.extra``: the rollout's, or the trainer's own (recomputed for
@@ -238,10 +252,11 @@ class PPOTrainer:
             _, batch.extra["values"] = self.actor.no_grad_pass(batch, values=True)
         return recompute, missing
 
-    def _advantages(self, batch: TrainBatch, metrics: dict, correct: bool) -> None:
+    def _advantages(self, batch: TrainBatch, metrics: dict, correct: bool, episode_of: list[int]) -> None:
         """verl's, in verl's order: the in-reward KL penalty, rollout correction (``correct``: the old
         logprobs are the trainer's and the rollout's are known), the estimator; advantages and returns
-        into ``batch.extra``."""
+        into ``batch.extra``. Episodes of several rows: the estimator sees each episode once (its last
+        row), and every row of the episode gets that advantage (``_per_episode_advantages``)."""
         _, ray_trainer, verl_F = verl_modules()
         data = to_dataproto(batch)
         for k in ("old_log_probs", "ref_log_prob", "values"):
@@ -255,9 +270,21 @@ class PPOTrainer:
         if correct:  # before the advantages: a rejected token gets none
             data = self.correction.apply(data, batch, metrics)
         a = self.algo
-        data = ray_trainer.compute_advantage(data, adv_estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam,
-                                             num_repeat=self.conf.rollout.n,
-                                             norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo, config=a)
+
+        def estimate(d):
+            return ray_trainer.compute_advantage(d, adv_estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam,
+                                                 num_repeat=self.conf.rollout.n,
+                                                 norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo, config=a)
+
+        if len(set(episode_of)) == len(episode_of):
+            data = estimate(data)
+        else:
+            if self.kl_ctrl is not None or self.conf.algorithm.turn_rewards or a.adv_estimator == "gae":
+                raise ConfigError(
+                    f"step {self.step + 1}: an episode made several training rows (an agent whose history changed), "
+                    "and those train with an outcome estimator only (grpo, rloo, ...: one advantage per episode), "
+                    "without algorithm.turn_rewards or an in-reward KL penalty; or set task.<name>.split_rows=false")
+            data = per_episode_advantages(data, episode_of, estimate)
         batch.extra["advantages"] = data.batch["advantages"]
         batch.extra["returns"] = data.batch["returns"]
         mask = batch.response_mask
@@ -368,6 +395,28 @@ class PPOTrainer:
 
 # ----------------------------------------------------------------------------------------------
 # the recipe's small helpers
+
+
+def per_episode_advantages(data: Any, episode_of: list[int], estimate: Any) -> Any:
+    """Advantages for a batch whose episodes may span several rows: ``estimate`` (verl's estimator) runs on
+    each episode's last row only, so a GRPO group counts episodes, not rows; every row of the episode then
+    gets that row's advantage (one number per episode for an outcome estimator: checked) on its own
+    response mask. Returns ``data`` with ``advantages`` and ``returns``."""
+    last = {e: i for i, e in enumerate(episode_of)}
+    primary = sorted(last.values())
+    sub = estimate(data.select_idxs(primary))
+    mask = sub.batch["response_mask"] > 0
+    adv = sub.batch["advantages"]
+    per_row = torch.where(mask, adv, torch.zeros_like(adv)).sum(-1) / mask.sum(-1).clamp(min=1)
+    spread = torch.where(mask, (adv - per_row[:, None]).abs(), torch.zeros_like(adv)).max()
+    if float(spread) > 1e-5:
+        raise ConfigError(f"the advantage estimator gave per-token advantages (spread {float(spread):.2e} within a row): "
+                          "episodes of several rows need an outcome estimator (one advantage per episode)")
+    value = {e: float(per_row[primary.index(i)]) for e, i in last.items()}
+    scalar = torch.tensor([value[e] for e in episode_of], dtype=adv.dtype)
+    data.batch["advantages"] = scalar[:, None] * data.batch["response_mask"]
+    data.batch["returns"] = data.batch["advantages"].clone()
+    return data
 
 
 def _seed_everything(seed: int) -> None:

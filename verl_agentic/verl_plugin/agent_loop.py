@@ -420,6 +420,12 @@ class TaskAgentLoop(AgentLoopBase):
                                             sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
+        if traj.get("rows_before") and traj["error"] is None:  # verl's agent loop returns one row per episode
+            traj["error"] = {"type": "task_error", "message": (
+                f"the episode made {len(traj['rows_before']) + 1} training rows (its agent changed the conversation's "
+                "history) and verl's trainer takes one row per episode: set task.<name>.split_rows=false to refuse "
+                "such requests instead, or train with main_ppo")}
+            traj["finish_reason"] = "error"
         if tape is not None:  # before the errors are checked: an episode that fails its sample is recorded too
             self._record(tape, traj, backend, sampling_params, row=row, ctx=ctx, sampling=sampling, limits=limits,
                          episode_id=request_id)
