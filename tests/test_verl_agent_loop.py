@@ -777,3 +777,47 @@ def test_preprocess_cli(tmp_path):
 
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 3 and rows[0]["task_type"] == "gsm8k" and rows[0]["reward_model"]["ground_truth"]
+
+
+def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25_tokenizer, tiny_qwen_dir, tmp_path):
+    """Issue 39: an agent written with the openai SDK as a task in verl's AgentLoopWorker (the gateway in the
+    worker's event loop, verl's server manager behind it): a tool call and an answer, one token-exact sample.
+    An agent whose second call changes its history makes a second row, which verl's trainer cannot take:
+    the sample keeps its last row and says why (agentic.raise_on_errors decides whether it fails)."""
+    import json
+
+    import pandas as pd
+
+    from test_agent_gateway import CALCULATOR, PROBLEMS, ScriptedCalculatorPolicy
+    from verl_agentic.tasks import register_task
+    from verl_agentic.tasks.agent import agent_task
+    from verl_agentic.tools.calculator import evaluate_expression, format_number
+
+    async def verl_calculator_agent(row, client):
+        messages = list(row["prompt"])
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        call = reply.choices[0].message.tool_calls[0]
+        value = format_number(evaluate_expression(json.loads(call.function.arguments)["expression"]))
+        if row["extra_info"].get("summarise"):  # a fresh conversation: a second row
+            messages = [{"role": "user", "content": "In short: " + messages[-1]["content"]}]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": value})
+        answer = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        return float(answer.choices[0].message.content.split("####")[-1].strip() == value)
+
+    register_task("va_verl_calculator_agent", agent_task(verl_calculator_agent), replace=True)
+    pd.DataFrame([{"data_source": "calc", "task_type": "va_verl_calculator_agent", "ability": "math",
+                   "prompt": [{"role": "user", "content": q}], "reward_model": {"style": "rule", "ground_truth": a},
+                   "extra_info": {"index": i, "summarise": i == 1}}
+                  for i, (q, (_, a)) in enumerate(PROBLEMS.items())]).to_parquet(tmp_path / "rows.parquet")
+    cfg = agent_config(tiny_qwen_dir, "+agentic.max_turns=4", "+agentic.max_new_tokens=64",
+                       prompt_length=512, response_length=256)
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    worker = AgentLoopWorker(cfg, llm_client=BackendLLMClient(policy, 256))
+    out = generate(worker, dataset_batch(worker, cfg, tmp_path / "rows.parquet", rows=2, n=1))
+    whole, split = (out.non_tensor_batch[AGENTIC_FIELD][i] for i in range(2))
+    assert whole["error"] is None and whole["metrics"]["agent_calls"] == 2 and whole["reward"] == 1.0
+    traj = trajectories_from_batch(out)[0]
+    assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
+    assert split["error"]["type"] == "task_error" and "verl's trainer takes one row per episode" in split["error"]["message"]
+    assert split["metrics"]["agent_rows"] == 2
