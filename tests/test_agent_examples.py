@@ -25,7 +25,7 @@ from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "agents"))
 import calculator_agents_sdk  # noqa: E402,F401 - registers agents_sdk_calculator
 import guess_the_number  # noqa: E402,F401 - registers guess_the_number
-from test_agent_gateway import PROBLEMS, ScriptedCalculatorPolicy  # noqa: E402
+from va_agents import PROBLEMS, ScriptedCalculatorPolicy  # noqa: E402
 
 
 class HalvingPolicy(GenerationBackend):

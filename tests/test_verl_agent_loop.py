@@ -788,7 +788,7 @@ def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25
 
     import pandas as pd
 
-    from test_agent_gateway import CALCULATOR, PROBLEMS, ScriptedCalculatorPolicy
+    from va_agents import CALCULATOR, PROBLEMS, ScriptedCalculatorPolicy
     from verl_agentic.tasks import register_task
     from verl_agentic.tasks.agent import agent_task
     from verl_agentic.tools.calculator import evaluate_expression, format_number
