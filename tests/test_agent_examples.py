@@ -77,3 +77,29 @@ async def test_textarenas_guess_the_number_plays_through_the_gateway(qwen25_toke
         assert traj["metrics"]["invalid_move"] == 0.0
         assert "Guess The Number" in traj["messages"][0]["content"]
         assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
+
+
+async def streamed_solve(row, client):
+    """The same agent run by the SDK's streaming runner (chat completions with stream=true)."""
+    from agents import Runner
+
+    result = Runner.run_streamed(calculator_agents_sdk.solver(client), row["prompt"], max_turns=4)
+    kinds = [event.type async for event in result.stream_events()]
+    answer = str(result.final_output).split("####")[-1].strip()
+    return {"reward": float(answer == row["reward_model"]["ground_truth"]),
+            "metrics": {"raw_events": float(kinds.count("raw_response_event"))}}
+
+
+async def test_the_agents_sdk_streaming_runner_reads_the_gateways_chunks(qwen25_tokenizer):
+    from verl_agentic.tasks import register_task
+    from verl_agentic.tasks.agent import agent_task
+
+    register_task("agents_sdk_streamed", agent_task(streamed_solve), replace=True)
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}, "index": i}
+            for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
+    trajs = await _run(policy, "agents_sdk_streamed", rows, max_turns=4)
+    for traj in trajs:
+        assert traj["error"] is None and traj["reward"] == 1.0, traj["error"]
+        assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["raw_events"] >= 4  # chunks of 2 calls
+        assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok

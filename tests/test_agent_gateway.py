@@ -299,11 +299,21 @@ async def test_an_agent_whose_client_gives_up_fails_its_episode_and_a_broken_cal
                for t in broken)
 
 
-async def test_the_gateway_names_the_problem_with_a_wrong_key_or_streaming():
+async def test_the_gateway_streams_when_asked_and_names_the_problem_with_a_wrong_key():
+    """A session answering "hi", then a tool call: the SDK reads both plain and streamed (the whole answer
+    in one delta, the finish reason, the usage when asked); a wrong key is a 401 that says why."""
     class Echo:
+        bodies: list[dict] = []
+
         async def complete(self, body):
+            self.bodies.append(body)
+            message = {"role": "assistant", "content": "hi"}
+            if body.get("tools"):
+                message = {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}]}
             return {"id": "x", "object": "chat.completion", "created": 0, "model": "policy", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if body.get("tools") else "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 
     gateway = Gateway()
     base_url, key = await gateway.open(Echo())
@@ -312,9 +322,18 @@ async def test_the_gateway_names_the_problem_with_a_wrong_key_or_streaming():
             assert [m.id for m in (await client.models.list()).data] == ["policy"]
             reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
             assert reply.choices[0].message.content == "hi"
-            with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):
-                await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}],
-                                                     stream=True)
+            chunks = [c async for c in await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "x"}], stream=True,
+                stream_options={"include_usage": True})]
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hi"
+            assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "stop"]
+            assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 4
+            calls = [c async for c in await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "x"}], tools=[CALCULATOR], stream=True)]
+            (call,) = calls[0].choices[0].delta.tool_calls
+            assert (call.index, call.id, call.function.name) == (0, "call_1", "calculator")
+            assert calls[-1].choices[0].finish_reason == "tool_calls" and len(calls) == 2
+            assert all("stream" not in b and "stream_options" not in b for b in Echo.bodies)  # the session's body
         async with openai.AsyncOpenAI(base_url=base_url, api_key="wrong", max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError, match="names no running episode"):
                 await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])

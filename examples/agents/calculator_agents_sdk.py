@@ -23,10 +23,13 @@ def calculator(expression: str) -> str:
     return format_number(evaluate_expression(expression))
 
 
+def solver(client) -> Agent:
+    return Agent(name="solver", instructions="Use the calculator, then answer with '#### <number>'.",
+                 tools=[calculator], model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
+
+
 async def solve(row, client):
-    agent = Agent(name="solver", instructions="Use the calculator, then answer with '#### <number>'.",
-                  tools=[calculator], model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
-    result = await Runner.run(agent, row["prompt"], max_turns=4)  # the dataset row's messages
+    result = await Runner.run(solver(client), row["prompt"], max_turns=4)  # the dataset row's messages
     answer = str(result.final_output).split("####")[-1].strip()
     right = answer == row["reward_model"]["ground_truth"]
     return {"reward": float(right), "metrics": {"sdk_items": len(result.new_items)}}

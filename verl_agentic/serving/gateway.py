@@ -10,8 +10,9 @@ answers it (``verl_agentic.tasks.agent`` owns the tokens: it renders, generates 
     ...
     await gateway.close(key)                         # and stops when the last one leaves
 
-Routes: ``POST /v1/chat/completions`` (``session.complete(body)`` answers it; streaming is refused
-with a clear error) and ``GET /v1/models`` (the one model, ``model_name``). A request with an
+Routes: ``POST /v1/chat/completions`` (``session.complete(body)`` answers it; with ``stream=true``
+the whole answer comes as server-sent ``chat.completion.chunk`` events: ``completion_chunks``) and
+``GET /v1/models`` (the one model, ``model_name``). A request with an
 unknown or missing key is a 401 naming the problem; a session's ``ServiceError`` is answered in the
 shape every service here uses, ``{"error": {"type", "message", ...}}``, which the OpenAI SDK reads as
 its own (``error.message``). The server listens on 127.0.0.1 only, at a free port.
@@ -20,6 +21,7 @@ its own (``error.message``). The server listens on 127.0.0.1 only, at a free por
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from typing import Any, Optional, Protocol
@@ -88,17 +90,45 @@ class Gateway:
                                                        "agent gets its own key; it stops working when the episode ends)")
         return session
 
-    async def _chat_completions(self, request: web.Request) -> web.Response:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         body = await read_json_object(request)
-        if body.get("stream"):
-            raise ServiceError(400, "unsupported", "stream=true is not supported by this gateway; send stream=false")
-        return web.json_response(await session.complete(body))
+        stream, options = bool(body.pop("stream", False)), body.pop("stream_options", None) or {}
+        completion = await session.complete(body)  # an error is a plain JSON answer, streaming or not
+        if not stream:
+            return web.json_response(completion)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for chunk in completion_chunks(completion, include_usage=bool(options.get("include_usage"))):
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def _models(self, request: web.Request) -> web.Response:
         session = self._session(request)
         return web.json_response({"object": "list", "data": [
             {"id": getattr(session, "model_name", self.model_name), "object": "model", "created": int(time.time()), "owned_by": "verl-agentic"}]})
+
+
+def completion_chunks(completion: dict, include_usage: bool = False) -> list[dict]:
+    """A ``chat.completion`` as the ``chat.completion.chunk`` events a streaming client reads: the whole
+    message (content, tool calls with their index, logprobs) in one delta, then the finish reason, then
+    (``stream_options.include_usage``) the usage with no choices. The turn is generated whole before it
+    is answered, so streaming it token by token would only delay it."""
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"]}
+    choice = completion["choices"][0]
+    message = choice["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                    "logprobs": choice.get("logprobs")}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": completion.get("usage")})
+    return chunks
 
 
 _GATEWAYS: dict[Any, Gateway] = {}
@@ -114,4 +144,4 @@ def gateway_for_loop() -> Gateway:
     return _GATEWAYS[loop]
 
 
-__all__ = ["ChatSession", "Gateway", "gateway_for_loop"]
+__all__ = ["ChatSession", "Gateway", "completion_chunks", "gateway_for_loop"]
