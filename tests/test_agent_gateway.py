@@ -97,10 +97,11 @@ REFUSED: dict[str, dict] = {}
 
 
 async def asking_too_much_agent(row, client):
-    """Asks for two choices, another model and more tokens than the context, then makes a good call."""
+    """Asks for two choices, another model, more tokens than the context and -3 tokens, then makes a good call."""
     messages = [{"role": "user", "content": row["question"]}]
     refused = {}
-    for name, ask in (("n", {"n": 2}), ("model", {"model": "gpt-4o"}), ("tokens", {"max_tokens": 10**6})):
+    for name, ask in (("n", {"n": 2}), ("model", {"model": "gpt-4o"}), ("tokens", {"max_tokens": 10**6}),
+                      ("negative", {"max_tokens": -3})):
         try:
             await client.chat.completions.create(**{"model": "policy", "messages": messages, **ask})
         except openai.APIStatusError as e:  # what an agent written with the SDK catches
@@ -285,8 +286,9 @@ async def test_requests_past_what_the_gateway_serves_get_errors_the_sdk_understa
         assert refused["model"][:3] == ("NotFoundError", 404, "model_not_found") and "'policy'" in refused["model"][3]
         assert refused["tokens"][:3] == ("BadRequestError", 400, "context_length_exceeded")
         assert "max_tokens=1000000" in refused["tokens"][3] and "2048" in refused["tokens"][3]
+        assert refused["negative"][:3] == ("BadRequestError", 400, "bad_request") and "-3" in refused["negative"][3]
         assert traj["error"] is None and traj["reward"] == 1.0
-        assert traj["metrics"]["agent_rejected_requests"] == 3 and traj["metrics"]["agent_calls"] == 1
+        assert traj["metrics"]["agent_rejected_requests"] == 4 and traj["metrics"]["agent_calls"] == 1
         assert len(traj["response_ids"]) <= 8  # the good call's max_tokens capped the turn
 
 
@@ -408,10 +410,12 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     assert proc.returncode == 0 and "3 same as recorded, 0 differ" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
+@pytest.mark.parametrize("use_ray", [False, True], ids=["in_process", "ray"])
+def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, use_ray):
     """Our trainer (``main_ppo``, one GRPO step, a tiny random model) on a callable agent registered in a
     user's module: the step's rows are the agent's episodes, scored by the agent's own reward; every other
-    episode changes its history (a second row), so the step trains a batch of 6 rows from 4 episodes."""
+    episode changes its history (a second row), so the step trains a batch of 6 rows from 4 episodes. With
+    ``trainer.use_ray=true`` the episodes run in the rollout actor (its own process and event loop)."""
     import subprocess
 
     (tmp_path / "my_agents.py").write_text(textwrap.dedent('''
@@ -438,7 +442,8 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir):
          f"data.path={data}", "data.max_samples=4", "task_type=length_agent", "trainer.total_steps=1", "rollout.max_turns=2",
          "trainer.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=4",
          "actor.ppo_micro_batch_size=4", "trainer.val_before_train=false", "trainer.save_hf_model=false",
-         "output.dir=out", "output.quiet=true"],
+         "output.dir=out", "output.quiet=true", f"trainer.use_ray={str(use_ray).lower()}",
+         *(["trainer.ray_init.num_cpus=2"] if use_ray else [])],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -207,6 +207,8 @@ class AgentSession:
                 f"{self.cfg.model_name!r} (task.<name>.model_name)"))
         for key in ("max_completion_tokens", "max_tokens"):
             cap = body.get(key)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise ServiceError(400, "bad_request", f"{key} must be a positive integer, got {cap!r}")
             if cap is not None and self.max_total_tokens is not None and cap > self.max_total_tokens:
                 raise ServiceError(400, "context_length_exceeded", (
                     f"{key}={cap} is more than this episode's context of {self.max_total_tokens} tokens "

@@ -256,7 +256,7 @@ class PPOTrainer:
         """verl's, in verl's order: the in-reward KL penalty, rollout correction (``correct``: the old
         logprobs are the trainer's and the rollout's are known), the estimator; advantages and returns
         into ``batch.extra``. Episodes of several rows: the estimator sees each episode once (its last
-        row), and every row of the episode gets that advantage (``_per_episode_advantages``)."""
+        row), and every row of the episode gets that advantage (``per_episode_advantages``)."""
         _, ray_trainer, verl_F = verl_modules()
         data = to_dataproto(batch)
         for k in ("old_log_probs", "ref_log_prob", "values"):
@@ -412,7 +412,8 @@ def per_episode_advantages(data: Any, episode_of: list[int], estimate: Any) -> A
     if float(spread) > 1e-5:
         raise ConfigError(f"the advantage estimator gave per-token advantages (spread {float(spread):.2e} within a row): "
                           "episodes of several rows need an outcome estimator (one advantage per episode)")
-    value = {e: float(per_row[primary.index(i)]) for e, i in last.items()}
+    position = {i: k for k, i in enumerate(primary)}
+    value = {e: float(per_row[position[i]]) for e, i in last.items()}
     scalar = torch.tensor([value[e] for e in episode_of], dtype=adv.dtype)
     data.batch["advantages"] = scalar[:, None] * data.batch["response_mask"]
     data.batch["returns"] = data.batch["advantages"].clone()
