@@ -47,6 +47,11 @@ class HalvingPolicy(GenerationBackend):
         return GenOutput(ids, [-0.5] * len(ids), self.tokenizer.decode(ids), "stop")
 
 
+# the calculator problems as main_rollout preprocesses rows (what an agent receives)
+ROWS = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}, "index": i}
+        for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
+
+
 async def _run(policy, task_type: str, rows: list[dict], max_turns: int) -> list[dict]:
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=64, max_total_tokens=4096, temperature=1.0, concurrency=4)
     return await AsyncRollout(policy, cfg, seed=0).run([{**r, "task_type": task_type} for r in rows])
@@ -54,9 +59,7 @@ async def _run(policy, task_type: str, rows: list[dict], max_turns: int) -> list
 
 async def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers_token_exact(qwen25_tokenizer):
     policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
-    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}, "index": i}
-            for i, (q, (_, a)) in enumerate(PROBLEMS.items())]  # rows as main_rollout preprocesses them
-    trajs = await _run(policy, "agents_sdk_calculator", rows, max_turns=4)
+    trajs = await _run(policy, "agents_sdk_calculator", ROWS, max_turns=4)
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] == 1.0, traj["error"]
         assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["agent_rows"] == 1
@@ -96,10 +99,36 @@ async def test_the_agents_sdk_streaming_runner_reads_the_gateways_chunks(qwen25_
 
     register_task("agents_sdk_streamed", agent_task(streamed_solve), replace=True)
     policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
-    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}, "index": i}
-            for i, (q, (_, a)) in enumerate(PROBLEMS.items())]
-    trajs = await _run(policy, "agents_sdk_streamed", rows, max_turns=4)
+    trajs = await _run(policy, "agents_sdk_streamed", ROWS, max_turns=4)
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] == 1.0, traj["error"]
         assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["raw_events"] >= 4  # chunks of 2 calls
+        assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
+
+
+async def responses_solve(row, client):
+    """The example's agent with the SDK's default model kind, the Responses API (``/v1/responses``)."""
+    from agents import Agent, OpenAIResponsesModel, Runner
+
+    agent = Agent(name="solver", instructions="Use the calculator, then answer with '#### <number>'.",
+                  tools=[calculator_agents_sdk.calculator],
+                  model=OpenAIResponsesModel(model="policy", openai_client=client))
+    result = await Runner.run(agent, row["prompt"], max_turns=4)
+    answer = str(result.final_output).split("####")[-1].strip()
+    return float(answer == row["reward_model"]["ground_truth"])
+
+
+async def test_the_agents_sdk_responses_model_through_the_gateways_responses_route(qwen25_tokenizer):
+    """The Agents SDK's default model kind talks /v1/responses: its tool call and answer round-trip through
+    the translation, and the episode stays one row (the next request's items match what was answered)."""
+    from verl_agentic.tasks import register_task
+    from verl_agentic.tasks.agent import agent_task
+
+    register_task("agents_sdk_responses", agent_task(responses_solve), replace=True)
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    trajs = await _run(policy, "agents_sdk_responses", ROWS, max_turns=4)
+    for traj in trajs:
+        assert traj["error"] is None and traj["reward"] == 1.0, traj["error"]
+        assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["agent_rows"] == 1
+        assert [m["role"] for m in traj["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
         assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok

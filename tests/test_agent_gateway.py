@@ -527,3 +527,44 @@ def test_a_replay_compares_every_row_of_an_episode():
     fewer = {k: v for k, v in fewer.items() if k != "split_reason"}
     d = trajectory_difference(recorded, fewer)
     assert d["detail"] == "the replay made 1 rows, the recording 2"
+
+
+def test_a_responses_request_becomes_the_chat_request_it_means_and_what_it_cannot_take_is_named():
+    from verl_agentic.serving.errors import ServiceError
+    from verl_agentic.serving.responses import chat_request, response_object
+
+    body = {"model": "policy", "instructions": "Be brief.", "max_output_tokens": 32, "tool_choice": "auto",
+            "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}, "strict": None}],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "12*7?"}]},
+                      {"type": "reasoning", "id": "rs_1", "summary": []},
+                      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me."}]},
+                      {"type": "function_call", "call_id": "call_a", "name": "calculator", "arguments": '{"e": 1}'},
+                      {"type": "function_call", "call_id": "call_b", "name": "calculator", "arguments": '{"e": 2}'},
+                      {"type": "function_call_output", "call_id": "call_a", "output": "84"},
+                      {"type": "function_call_output", "call_id": "call_b", "output": "85"},
+                      {"role": "developer", "content": "Answer now."}]}
+    chat = chat_request(body)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "12*7?"},
+        {"role": "assistant", "content": "Let me.", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "calculator", "arguments": '{"e": 1}'}},
+            {"id": "call_b", "type": "function", "function": {"name": "calculator", "arguments": '{"e": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "84"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "85"}, {"role": "system", "content": "Answer now."}]
+    assert chat["tools"] == [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    assert (chat["max_tokens"], chat["tool_choice"], chat["model"]) == (32, "auto", "policy")
+    assert chat_request({"model": "policy", "input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
+    for bad, match in (({"previous_response_id": "resp_1"}, "keeps no responses"), ({"stream": True}, "streaming"),
+                       ({"tools": [{"type": "web_search"}]}, "tools\\[0\\] is of type 'web_search'"),
+                       ({"input": [{"type": "computer_call"}]}, "input\\[0\\] is of type 'computer_call'"),
+                       ({"input": []}, "non-empty")):
+        with pytest.raises(ServiceError, match=match):
+            chat_request({"model": "policy", "input": "hi", **bad})
+    completion = {"id": "c", "model": "policy", "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+                  "choices": [{"index": 0, "finish_reason": "length", "message": {
+                      "role": "assistant", "content": "Part", "tool_calls": [
+                          {"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
+    response = response_object(completion, body)
+    assert [o["type"] for o in response["output"]] == ["message", "function_call"]
+    assert response["output"][1]["call_id"] == "call_x" and response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"} and response["usage"]["total_tokens"] == 7

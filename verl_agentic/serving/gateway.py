@@ -12,7 +12,8 @@ answers it (``verl_agentic.tasks.agent`` owns the tokens: it renders, generates 
 
 Routes: ``POST /v1/chat/completions`` (``session.complete(body)`` answers it; with ``stream=true``
 the whole answer comes as server-sent ``chat.completion.chunk`` events: ``completion_chunks``) and
-``GET /v1/models`` (the one model, ``model_name``). A request with an
+``POST /v1/responses`` (the Responses API, translated to and from a chat completion:
+``serving/responses.py``) and ``GET /v1/models`` (the one model, ``model_name``). A request with an
 unknown or missing key is a 401 naming the problem; a session's ``ServiceError`` is answered in the
 shape every service here uses, ``{"error": {"type", "message", ...}}``, which the OpenAI SDK reads as
 its own (``error.message``). The server listens on 127.0.0.1 only, at a free port.
@@ -29,6 +30,7 @@ from typing import Any, Optional, Protocol
 from aiohttp import web
 
 from verl_agentic.serving.errors import ServiceError
+from verl_agentic.serving.responses import chat_request, response_object
 from verl_agentic.serving.server import error_middleware, read_json_object
 
 MAX_BODY_BYTES = 64 << 20  # an agent's whole conversation travels in every request
@@ -73,6 +75,7 @@ class Gateway:
     async def _start(self) -> None:
         app = web.Application(middlewares=[error_middleware()], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
@@ -104,6 +107,11 @@ class Gateway:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await read_json_object(request)
+        return web.json_response(response_object(await session.complete(chat_request(body)), body))
 
     async def _models(self, request: web.Request) -> web.Response:
         session = self._session(request)

@@ -50,7 +50,8 @@ starts a new row; false: it is refused). The rollout's ``max_turns`` bounds the 
 ``top_p`` and ``seed`` (the rollout's sampling rules: it is the policy being trained); ``stop`` strings;
 ``tool_choice`` other than ``none`` (calls are parsed whenever the model writes them). ``n`` other
 than 1, another model and ``max_tokens`` above the context are refused; ``stream=true`` gets the whole
-answer as chunks (the turn is generated whole first). ``logprobs=true`` answers each token's logprob, with no
+answer as chunks (the turn is generated whole first). ``/v1/responses`` requests are translated to these
+(``serving/responses.py``). ``logprobs=true`` answers each token's logprob, with no
 ``top_logprobs`` (the engine keeps the sampled token's only).
 """
 
