@@ -137,8 +137,9 @@ def run_result(folder: Path, base_accuracy_fp32: float | None) -> dict:
     complete = info.get("exit_status") == 0 and len(steps) == 20 and "accuracy_final" in held
     first5, last5 = _mean(steps[:5], "reward/mean"), _mean(steps[-5:], "reward/mean")
     after = held.get("accuracy_final") if complete else None
+    arm, seed = folder.name.rsplit("_seed", 1)  # also for a run whose runner died before writing run_info.json
     return {
-        "arm": info.get("arm"), "seed": info.get("seed"), "commit": info.get("commit"), "dirty": info.get("dirty"),
+        "arm": arm, "seed": int(seed), "commit": info.get("commit"), "dirty": info.get("dirty"),
         "exit_status": info.get("exit_status"), "steps": len(steps), "complete": complete,
         "reward_first5": first5, "reward_last5": last5,
         "gain": (last5 - first5) if complete else None,
