@@ -362,7 +362,11 @@ AGENT_SCRIPT = textwrap.dedent('''
 
     row = json.load(sys.stdin)
     client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
-    reply = client.chat.completions.create(model="policy", messages=row["prompt"])  # the preprocessed row's
+    messages = list(row["prompt"])  # the preprocessed row's
+    reply = client.chat.completions.create(model="policy", messages=messages)
+    # the conversation goes on: the same training row
+    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Are you sure?"}]
+    client.chat.completions.create(model="policy", messages=messages)
     # a fresh, summarised conversation: the episode's second training row
     again = client.chat.completions.create(model="policy", messages=[
         {"role": "user", "content": "Briefly: " + row["prompt"][-1]["content"]}])
@@ -373,8 +377,8 @@ AGENT_SCRIPT = textwrap.dedent('''
 
 def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, smol_dir, smol_tokenizer):
     """``main_rollout`` with our hf engine and the embedded SmolLM2: a command agent (the OpenAI SDK in a
-    subprocess, the row on stdin) registered in a user's module, whose second call starts a fresh
-    conversation (a second row); every row is token-exact, and the recorded run replays with no model
+    subprocess, the row on stdin) registered in a user's module: its second call continues the first's
+    conversation (the same row), its third starts a fresh one (a second row); every row is token-exact, and the recorded run replays with no model
     (the agent program runs again against the recorded tokens, compared row by row)."""
     import subprocess
 
@@ -390,7 +394,7 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
                                         "answer": str(2 * i)}) + "\n" for i in range(3)))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "verl_agentic.main_rollout", "imports=[my_agents]",
-                           f"model.path={smol_dir}", f"data.path={data}", f"output.dir={out}", "rollout.max_turns=2",
+                           f"model.path={smol_dir}", f"data.path={data}", f"output.dir={out}", "rollout.max_turns=3",
                            "rollout.max_new_tokens=16", "rollout.temperature=0", "output.record=true"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
@@ -402,6 +406,9 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] in (0.0, 1.0) and traj["metrics"]["chars"] == 1.0
         assert traj["metrics"]["agent_rows"] == 2 and traj["rows_before"][0]["split_reason"] == "history_changed"
+        assert traj["metrics"]["agent_calls"] == 3  # two calls merged in the first row, one in the second
+        assert [t["role"] for t in traj["rows_before"][0]["turns"]] == ["assistant", "user", "assistant"]
+        assert [t["role"] for t in traj["turns"]] == ["assistant"]
         report = check_drift(traj, smol_tokenizer, stop_token_ids=[stop])
         assert report.ok and report.generated_tokens == sum(sum(r["response_mask"]) for r in training_rows(traj))
     # the recording replays with no model: the same agent program, answered from the recorded tokens

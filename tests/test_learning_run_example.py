@@ -472,3 +472,21 @@ def test_each_seed_records_its_own_exit_status_and_peak_memory(tmp_path):
     assert (first["exit_status"], second["exit_status"]) == (3, 0)
     assert first["max_rss_gb"] >= 0.29 and second["max_rss_gb"] < 0.2, (first, second)
     assert first["command"].startswith("bash ") and "data.val_path=" in first["command"]
+
+
+def test_the_committed_precision_comparison_is_what_its_runs_say(tmp_path):
+    """examples/learning_run/precision_prereg/ (issue 38's third comparison): its table, recomputed from the
+    committed per-run files, is the committed one; nine runs, each from a clean tree at one commit."""
+    precision = _load_precision()
+    committed = EXAMPLE / "precision_prereg"
+    runs = tmp_path / "runs"
+    for f in sorted((committed / "metrics").iterdir()):
+        folder, name = f.name.split(".", 1)
+        (runs / folder).mkdir(parents=True, exist_ok=True)
+        (runs / folder / name).write_bytes(f.read_bytes())
+    summary = precision.summarize(tmp_path / "out", runs)
+    assert summary == json.loads((committed / "precision.json").read_text())
+    assert (tmp_path / "out" / "precision.md").read_text() == (committed / "precision.md").read_text()
+    assert len(summary["runs"]) == 9 and len(summary["commits"]) == 1
+    assert all(r["dirty"] == [] and r["exit_status"] == 0 for r in summary["runs"])
+    assert summary["base_heldout_fp32"] == pytest.approx(0.17)

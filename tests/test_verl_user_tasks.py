@@ -51,6 +51,14 @@ def _user_rows(folder) -> list[dict]:
     return rows
 
 
+def _data_dir(rows: pd.DataFrame, folder):
+    """``folder`` with ``rows`` as the launch script's ``train.parquet`` and ``test.parquet``."""
+    folder.mkdir()
+    for split in ("train", "test"):
+        rows.to_parquet(folder / f"{split}.parquet")
+    return folder
+
+
 @pytest.mark.slow
 def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_dir, tmp_path):
     folder = tmp_path / "my_project"  # outside the repository
@@ -74,10 +82,7 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
     assert made.returncode == 0, made.stderr
     rows = pd.concat([pd.DataFrame(_user_rows(folder)), pd.read_parquet(folder / "rows.parquet")], ignore_index=True)
     rows.to_parquet(folder / "rows.parquet")
-    unused = folder / "unused"  # the script's own gsm8k files: present, so it does not make them
-    unused.mkdir()
-    for split in ("train", "test"):
-        rows.to_parquet(unused / f"{split}.parquet")
+    unused = _data_dir(rows, folder / "unused")  # the script's own gsm8k files: present, so it does not make them
     out = folder / "verl_out"
     env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(unused), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
@@ -122,3 +127,60 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
                 assert t["reward"] == float(not wrong[-1])
             assert scores == sorted(t["reward"] for t in eps)  # no scorer for my/arith: that reward
     assert seen == {"length_task", "named_task", "tool_agent"}
+
+
+AGENTS = '''
+from verl_agentic.tasks import register_task
+from verl_agentic.tasks.agent import agent_task
+
+
+async def length_agent(row, client):
+    """An agent written with the OpenAI SDK: one call, rewarded by the length of the answer."""
+    reply = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=16)
+    return {"reward": min(1.0, len(reply.choices[0].message.content) / 40), "metrics": {"sdk_calls": 1}}
+
+
+register_task("length_agent", agent_task(length_agent))
+'''
+
+
+@pytest.mark.slow
+def test_an_agent_task_through_verls_trainer(tmp_path):
+    """Issue 39: an agent written with the openai SDK, registered in a user's module, through one GRPO step of
+    verl 0.9.1's trainer on the CPU (``task_agent`` over our hf rollout, verl's server manager): the gateway
+    runs in verl's agent-loop worker, each episode is one token-exact row scored by the agent's reward."""
+    from transformers import AutoTokenizer
+
+    from verl_agentic.models.embedded import embedded_model_dir
+    from verl_agentic.rollout import check_drift
+
+    folder = tmp_path / "my_project"
+    folder.mkdir()
+    (folder / "my_agents.py").write_text(AGENTS)
+    rows = pd.DataFrame([{"data_source": "my/agent", "ability": "demo", "task_type": "length_agent",
+                          "prompt": [{"role": "user", "content": f"Say something about the number {i}."}],
+                          "reward_model": {"style": "rule", "ground_truth": "-"},
+                          "extra_info": {"index": i, "interaction_kwargs": None}} for i in range(4)])
+    data = _data_dir(rows, folder / "data")
+    out = folder / "verl_out"
+    env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(data), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "+agentic.imports=[my_agents]", "agentic.task_type=length_agent",
+         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
+         "agentic.max_new_tokens=16", "data.train_batch_size=4", "data.shuffle=false",
+         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+         "trainer.save_freq=-1"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
+    (tmp_path / "verl.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    episodes = [json.loads(x) for x in (out / "rollouts" / "step_000000.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
+    assert len(episodes) == len(samples) == 8 and {t["task_type"] for t in episodes} == {"length_agent"}
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir(quiet=True))
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for t in episodes:
+        assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["sdk_calls"] == 1
+        assert 0 < sum(t["response_mask"]) <= 16
+        assert t["reward"] == pytest.approx(min(1.0, len(t["messages"][-1]["content"]) / 40))
+        assert check_drift(t, tokenizer, stop_token_ids=[stop]).ok
+    assert sorted(s["score"] for s in samples) == pytest.approx(sorted(t["reward"] for t in episodes), abs=1e-6)
