@@ -1,5 +1,5 @@
 # make demo : set up .venv (idempotent), run multi-turn GSM8K rollouts on the embedded model, write the HTML report
-# make test : set up .venv and run the test-suite (CI runs this)
+# make test : set up .venv and run the test-suite (CI runs this): two passes, scripts/run_tests.sh
 # make test-fast : the same, without the tests marked slow (verl's trainer, vLLM, training runs): the edit-test loop
 PYTHON ?= python3
 VENV   ?= .venv
@@ -29,10 +29,10 @@ demo: setup
 	$(PY) -m verl_agentic.inspect outputs/demo
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	bash scripts/run_tests.sh $(PY) "" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	bash scripts/run_tests.sh $(PY) "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV) .venv-vllm

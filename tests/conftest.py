@@ -101,11 +101,21 @@ def slow_test_ids() -> set[str]:
             if line.strip() and not line.startswith("#")}
 
 
+# make test runs the suite in two passes (scripts/run_tests.sh): the tests not marked serial on two worker
+# processes, then the serial ones alone. Serial: whole modules that launch verl's trainer or vLLM (they need
+# most of the machine's memory), and single tests marked in their module because they start a Ray cluster
+# (two local clusters at once can find each other's address).
+SERIAL_MODULES = {"test_verl_async.py", "test_verl_cpu.py", "test_verl_two_nodes.py", "test_verl_user_tasks.py",
+                  "test_verl_vllm.py", "test_vllm.py"}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     slow = slow_test_ids()
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+        if item.path.name in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True, scope="module")

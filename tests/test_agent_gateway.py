@@ -417,7 +417,8 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
     assert proc.returncode == 0 and "3 same as recorded, 0 differ" in proc.stdout, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("use_ray", [False, True], ids=["in_process", "ray"])
+@pytest.mark.parametrize("use_ray", [False, pytest.param(True, marks=pytest.mark.serial)],  # Ray: its own cluster
+                         ids=["in_process", "ray"])
 def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, use_ray):
     """Our trainer (``main_ppo``, one GRPO step, a tiny random model) on a callable agent registered in a
     user's module: the step's rows are the agent's episodes, scored by the agent's own reward; every other

@@ -512,6 +512,7 @@ def test_a_users_own_tasks_replay_without_naming_their_module(tiny_qwen_dir, tmp
     assert r.returncode == 0 and "re-scored with my_len_scorer: 4/4 scored" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.serial  # a Ray cluster of its own
 def test_main_ppo_with_ray_records_in_the_rollout_actor(tiny_smol_dir, tmp_path):
     """trainer.use_ray: the rollout actor (another process) writes the step's recording."""
     from verl_agentic.main_rollout import load_config

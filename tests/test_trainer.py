@@ -385,6 +385,7 @@ def test_main_ppo_cli(tiny_smol_dir, tmp_path):
     assert bad.returncode == 2 and "grpo" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.serial  # a Ray cluster of its own
 def test_ray_workers_generate_what_the_local_rollout_does(tiny_smol_dir, tmp_path, monkeypatch):
     """trainer.use_ray: rollout + reward in Ray actors give the local step's episodes and rewards."""
     tests_dir = str(Path(__file__).parent)

@@ -66,6 +66,7 @@ def test_main_rollout_imports_a_users_module_from_the_cli_and_from_a_script(tiny
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.serial  # a Ray cluster of its own
 def test_main_ppo_imports_a_users_module_in_its_ray_workers(tiny_smol_dir, tmp_path):
     """trainer.use_ray: the rollout actor and the reward actor's prime processes import my_tasks too."""
     folder = tmp_path / "my_project"

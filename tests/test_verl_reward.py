@@ -404,6 +404,7 @@ def test_through_verl_reward_loop_worker(qwen25_tokenizer, samples, expected):
     assert set(gather_like_verl(outputs)) == {"acc", "reward_failed", "reward_error_type", *EPISODE_METRICS}
 
 
+@pytest.mark.serial  # a Ray cluster of its own
 def test_through_verl_reward_loop_manager_in_ray(qwen25_tokenizer, samples, expected):
     """The trainer's own path: RewardLoopManager starts RewardLoopWorker Ray actors (CPU-only), whose
     ``import verl`` loads our plugin through the entry point; compute_rm_score returns rm_scores + extra keys."""

@@ -145,6 +145,7 @@ def test_the_hint_follows_an_unknown_keys_error_not_its_wording(tmp_path):
     assert str(copied) == "m" and copied.unknown == ["a", "b"]
 
 
+@pytest.mark.serial  # verl's trainer (Ray)
 @pytest.mark.slow
 def test_one_step_of_verls_trainer_with_verls_tool_keys(tiny_qwen_dir, tmp_path):
     """verl's trainer on the CPU (``DEVICE=cpu scripts/run_gsm8k_multiturn.sh``: Ray, FSDP2, our ``hf``
@@ -261,6 +262,7 @@ def test_the_preflight_checks_what_the_workers_would(tmp_path, tiny_qwen_dir):
     assert PPOTrainer.calls == ["init"]  # verl's init never ran
 
 
+@pytest.mark.serial  # verl's trainer (Ray)
 @pytest.mark.slow
 def test_verls_trainer_stops_on_a_bad_tool_file_before_any_worker_starts(tiny_qwen_dir, tmp_path):
     """verl's trainer on the CPU with a tool_config_path whose class is not a tool: the preflight in
