@@ -106,29 +106,50 @@ async def test_the_agents_sdk_streaming_runner_reads_the_gateways_chunks(qwen25_
         assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
 
 
-async def responses_solve(row, client):
+def responses_agent(client):
     """The example's agent with the SDK's default model kind, the Responses API (``/v1/responses``)."""
-    from agents import Agent, OpenAIResponsesModel, Runner
+    from agents import Agent, OpenAIResponsesModel
 
-    agent = Agent(name="solver", instructions="Use the calculator, then answer with '#### <number>'.",
-                  tools=[calculator_agents_sdk.calculator],
-                  model=OpenAIResponsesModel(model="policy", openai_client=client))
-    result = await Runner.run(agent, row["prompt"], max_turns=4)
+    return Agent(name="solver", instructions="Use the calculator, then answer with '#### <number>'.",
+                 tools=[calculator_agents_sdk.calculator],
+                 model=OpenAIResponsesModel(model="policy", openai_client=client))
+
+
+async def responses_solve(row, client):
+    from agents import Runner
+
+    result = await Runner.run(responses_agent(client), row["prompt"], max_turns=4)
     answer = str(result.final_output).split("####")[-1].strip()
     return float(answer == row["reward_model"]["ground_truth"])
 
 
-async def test_the_agents_sdk_responses_model_through_the_gateways_responses_route(qwen25_tokenizer):
-    """The Agents SDK's default model kind talks /v1/responses: its tool call and answer round-trip through
-    the translation, and the episode stays one row (the next request's items match what was answered)."""
+async def responses_streamed_solve(row, client):
+    """The same, run by the streaming runner: ``/v1/responses`` with ``stream=true``."""
+    from agents import Runner
+
+    result = Runner.run_streamed(responses_agent(client), row["prompt"], max_turns=4)
+    kinds = [event.type async for event in result.stream_events()]
+    answer = str(result.final_output).split("####")[-1].strip()
+    return {"reward": float(answer == row["reward_model"]["ground_truth"]),
+            "metrics": {"raw_events": float(kinds.count("raw_response_event"))}}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_the_agents_sdk_responses_model_through_the_gateways_responses_route(qwen25_tokenizer, streamed):
+    """The Agents SDK's default model kind talks /v1/responses, plain and streamed (the Responses protocol's
+    events): its tool call and answer round-trip through the translation, and the episode stays one row
+    (the next request's items match what was answered)."""
     from verl_agentic.tasks import register_task
     from verl_agentic.tasks.agent import agent_task
 
-    register_task("agents_sdk_responses", agent_task(responses_solve), replace=True)
+    register_task("agents_sdk_responses", agent_task(responses_streamed_solve if streamed else responses_solve),
+                  replace=True)
     policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
     trajs = await _run(policy, "agents_sdk_responses", ROWS, max_turns=4)
     for traj in trajs:
         assert traj["error"] is None and traj["reward"] == 1.0, traj["error"]
         assert traj["metrics"]["agent_calls"] == 2 and traj["metrics"]["agent_rows"] == 1
+        if streamed:  # every event of the two streamed responses reached the runner: 7 for the call, 9 for the answer
+            assert traj["metrics"]["raw_events"] == 16
         assert [m["role"] for m in traj["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
         assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok

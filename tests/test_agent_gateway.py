@@ -303,7 +303,8 @@ async def test_an_agent_whose_client_gives_up_fails_its_episode_and_a_broken_cal
 
 async def test_the_gateway_streams_when_asked_and_names_the_problem_with_a_wrong_key():
     """A session answering "hi", then a tool call: the SDK reads both plain and streamed (the whole answer
-    in one delta, the finish reason, the usage when asked); a wrong key is a 401 that says why."""
+    in one delta, the finish reason, the usage when asked), and the same through the Responses API
+    streamed; a wrong key is a 401 that says why."""
     class Echo:
         bodies: list[dict] = []
 
@@ -336,6 +337,25 @@ async def test_the_gateway_streams_when_asked_and_names_the_problem_with_a_wrong
             assert (call.index, call.id, call.function.name) == (0, "call_1", "calculator")
             assert calls[-1].choices[0].finish_reason == "tool_calls" and len(calls) == 2
             assert all("stream" not in b and "stream_options" not in b for b in Echo.bodies)  # the session's body
+            # the Responses API streamed: the SDK's own stream helper rebuilds the response from the events
+            async with client.responses.stream(model="policy", input="x") as events:
+                kinds = [e.type async for e in events]
+                final = await events.get_final_response()
+            assert final.output_text == "hi" and final.status == "completed" and final.usage.total_tokens == 4
+            assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                             "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                             "response.content_part.done", "response.output_item.done", "response.completed"]
+            async with client.responses.stream(model="policy", input="x", tools=[
+                    {"type": "function", "name": "calculator", "parameters": CALCULATOR["function"]["parameters"]}]) as events:
+                kinds = [e.type async for e in events]
+                final = await events.get_final_response()
+            (call,) = final.output
+            assert (call.type, call.call_id, call.name, call.arguments) == (
+                "function_call", "call_1", "calculator", '{"expression": "1+1"}')
+            assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+            raw = [e async for e in await client.responses.create(model="policy", input="x", stream=True)]
+            assert [e.sequence_number for e in raw] == list(range(len(raw))) and raw[-1].response.output_text == "hi"
+            assert all("stream" not in b for b in Echo.bodies)
         async with openai.AsyncOpenAI(base_url=base_url, api_key="wrong", max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError, match="names no running episode"):
                 await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
@@ -411,10 +431,36 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
         assert [t["role"] for t in traj["turns"]] == ["assistant"]
         report = check_drift(traj, smol_tokenizer, stop_token_ids=[stop])
         assert report.ok and report.generated_tokens == sum(sum(r["response_mask"]) for r in training_rows(traj))
+    # the recording holds each HTTP request the agent sent (the messages the conversation did not hold yet)
+    # and the answer it got
+    from verl_agentic.record import read_episodes
+
+    for record, traj in zip(read_episodes(out), sorted(trajs, key=lambda t: (t["index"], t["sample_id"]))):
+        calls = [e for e in record["events"] if e["door"] == "agent_http"]
+        prompt = len(calls[0]["request"]["messages"])
+        assert [(c["turn"], c["request"]["messages_before"], len(c["request"]["messages"])) for c in calls] == [
+            (1, 0, prompt), (2, prompt + 1, 1), (3, 0, 1)]
+        assert calls[2]["request"]["messages"][0]["content"].startswith("Briefly: ")
+        assert all(c["request"]["model"] == "policy" and "tool_call_id" not in json.dumps(c["request"]) for c in calls)
+        answers = [c["answer"]["choices"][0]["message"]["content"] for c in calls]
+        assert answers == [m["content"] for r in training_rows(traj) for m in r["messages"] if m["role"] == "assistant"]
     # the recording replays with no model: the same agent program, answered from the recorded tokens
-    proc = subprocess.run([sys.executable, "-m", "verl_agentic.replay", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    def replay() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "verl_agentic.replay", str(out)], capture_output=True, text=True,
+                              timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+
+    proc = replay()
     assert proc.returncode == 0 and "3 same as recorded, 0 differ" in proc.stdout, proc.stdout + proc.stderr
+    # an agent program whose third request changed in a field that changes no token (the gateway ignores a
+    # temperature): only the recorded requests show it, and the replay names that request
+    changed = AGENT_SCRIPT.replace('again = client.chat.completions.create(model="policy", ',
+                                   'again = client.chat.completions.create(model="policy", temperature=0.3, ')
+    assert changed != AGENT_SCRIPT
+    (tmp_path / "agent.py").write_text(changed)
+    proc = replay()
+    assert proc.returncode == 1 and "0 same as recorded, 3 differ" in proc.stdout, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("episode ")]
+    assert len(lines) == 3 and all(": turn 3: agent_http differ" in x and "temperature" in x for x in lines), lines
 
 
 @pytest.mark.parametrize("use_ray", [False, pytest.param(True, marks=pytest.mark.serial)],  # Ray: its own cluster
@@ -422,8 +468,10 @@ def test_a_command_agent_and_the_embedded_model_through_main_rollout(tmp_path, s
 def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, use_ray):
     """Our trainer (``main_ppo``, one GRPO step, a tiny random model) on a callable agent registered in a
     user's module: the step's rows are the agent's episodes, scored by the agent's own reward; every other
-    episode changes its history (a second row), so the step trains a batch of 6 rows from 4 episodes. With
-    ``trainer.use_ray=true`` the episodes run in the rollout actor (its own process and event loop)."""
+    episode changes its history (a second row), so the step trains a batch of 6 rows from 4 episodes. In
+    process the step uses turn-level credit across the rows (``turn_loo`` with the agent's ``call_rewards``);
+    with ``trainer.use_ray=true`` GRPO, and the episodes run in the rollout actor (its own process and
+    event loop)."""
     import subprocess
 
     (tmp_path / "my_agents.py").write_text(textwrap.dedent('''
@@ -435,11 +483,14 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, 
 
         async def length_agent(row, client):
             reply = await client.chat.completions.create(model="policy", messages=row["prompt"])
+            calls = 1
             if next(EPISODES) % 2 == 0:  # a summarised context: the episode's second row
                 question = row["prompt"][-1]["content"]
                 reply = await client.chat.completions.create(model="policy", messages=[
                     {"role": "user", "content": "In short: " + question}])
-            return {"reward": min(1.0, len(reply.choices[0].message.content) / 20), "metrics": {"answered": 1}}
+                calls = 2
+            return {"reward": min(1.0, len(reply.choices[0].message.content) / 20), "metrics": {"answered": 1},
+                    "call_rewards": [0.25] * calls}
 
         register_task("length_agent", agent_task(length_agent))
     '''))
@@ -451,7 +502,8 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, 
          "trainer.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=4",
          "actor.ppo_micro_batch_size=4", "trainer.val_before_train=false", "trainer.save_hf_model=false",
          "output.dir=out", "output.quiet=true", f"trainer.use_ray={str(use_ray).lower()}",
-         *(["trainer.ray_init.num_cpus=2"] if use_ray else [])],
+         *(["trainer.ray_init.num_cpus=2"] if use_ray else
+           ["algorithm.adv_estimator=turn_loo", "algorithm.turn_rewards=true"])],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -462,6 +514,9 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, 
         assert t["metrics"]["agent_calls"] == t["metrics"]["agent_rows"] == 1 + len(t.get("rows_before") or [])
         assert t["score"] == pytest.approx(t["reward"]) and t["score_extra"] == {"scored_by": "episode_reward"}
     assert sorted(t["metrics"]["agent_rows"] for t in trajs) == [1, 1, 2, 2]
+    for t in trajs:  # the call_rewards on the calls, across the rows
+        assert [turn.get("reward") for r in [*(t.get("rows_before") or []), t] for turn in r["turns"]
+                if turn["role"] == "assistant"] == [0.25] * int(t["metrics"]["agent_calls"])
     (step,) = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
                if json.loads(x).get("step") == 1]
     assert (step["batch/rows"], step["batch/episodes"]) == (6, 4) and step["actor/pg_loss"] == step["actor/pg_loss"]
@@ -469,13 +524,14 @@ def test_main_ppo_trains_a_step_on_an_agent_tasks_rows(tmp_path, tiny_smol_dir, 
 
 def test_grpo_groups_count_episodes_not_rows_and_every_row_gets_its_episodes_advantage():
     """main_ppo's advantages for a batch with an episode of several rows (verl's own GRPO, a real batch):
-    one prompt, three episodes with rewards 1, 0, 0, the first of them in three rows. GRPO over the
-    episodes gives +1.155 / -0.577 / -0.577 (mean 1/3, std 0.577); every row of the first episode gets
-    +1.155 on its own generated tokens. Counting rows instead would give other numbers (checked)."""
+    one prompt, three episodes with rewards 1, 0, 0, the first of them in three rows (its reward on the
+    last). GRPO over the episodes gives +1.155 / -0.577 / -0.577 (mean 1/3, std 0.577); every row of the
+    first episode gets +1.155 on its own generated tokens. Counting rows instead would give other numbers
+    (checked)."""
     from verl.trainer.config import AlgoConfig
 
     from verl_agentic.trainer.batch import build_batch, to_dataproto
-    from verl_agentic.trainer.ppo import per_episode_advantages
+    from verl_agentic.trainer.ppo import episode_advantages
     from verl_agentic.trainer.verl_config import verl_modules
 
     _, ray_trainer, _ = verl_modules()
@@ -485,9 +541,9 @@ def test_grpo_groups_count_episodes_not_rows_and_every_row_gets_its_episodes_adv
                 "response_mask": [1] * n + [0] * injected, "response_logprobs": [-0.1] * n + [None] * injected}
 
     rows = [row(2, injected=2), row(3), row(1), row(2), row(4)]
-    episode_of, scores = [0, 0, 0, 1, 2], [1.0, 1.0, 1.0, 0.0, 0.0]
+    episode_of = [0, 0, 0, 1, 2]
 
-    def data():
+    def data(scores):
         d = to_dataproto(build_batch(rows, scores, pad_id=0, uids=["prompt-0"] * 5))
         d.batch["token_level_rewards"] = d.batch["token_level_scores"]
         return d
@@ -496,7 +552,7 @@ def test_grpo_groups_count_episodes_not_rows_and_every_row_gets_its_episodes_adv
         return ray_trainer.compute_advantage(d, adv_estimator="grpo", num_repeat=3, norm_adv_by_std_in_grpo=True,
                                              config=AlgoConfig(adv_estimator="grpo"))
 
-    out = per_episode_advantages(data(), episode_of, estimate)
+    out = episode_advantages(data([0.0, 0.0, 1.0, 0.0, 0.0]), episode_of, estimate)
     adv, mask = out.batch["advantages"], out.batch["response_mask"]
     expected = [2 / 3 / (1 / 3) ** 0.5, -1 / 3 / (1 / 3) ** 0.5, -1 / 3 / (1 / 3) ** 0.5]  # std over 3: unbiased
     for i, e in enumerate(episode_of):
@@ -504,8 +560,112 @@ def test_grpo_groups_count_episodes_not_rows_and_every_row_gets_its_episodes_adv
         assert adv[i][generated].tolist() == pytest.approx([expected[e]] * int(generated.sum()), abs=1e-4)
         assert adv[i][~generated].abs().sum() == 0  # injected tokens and padding get none
     assert torch.equal(out.batch["returns"], adv)
-    counted_rows = estimate(data()).batch["advantages"]  # what one row per sample would have given
+    counted_rows = estimate(data([1.0, 1.0, 1.0, 0.0, 0.0])).batch["advantages"]  # one row per sample
     assert counted_rows[0][0] == pytest.approx(0.730, abs=1e-3) and counted_rows[0][0] != pytest.approx(expected[0], abs=0.1)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "turn_loo", "gae"])
+def test_an_episode_of_two_rows_gets_the_advantages_of_its_turns_in_one_row(estimator):
+    """Turn-level credit across rows: main_ppo's batch of an episode split in two rows (turn 1 in the first
+    row; turns 2 and 3 in the second, after a changed history), with per-turn rewards
+    (``algorithm.turn_rewards``: 0.3 on turn 1, 0.2 on turn 2, the outcome 1.0 on turn 3), beside two
+    episodes of one row, gets from each verl estimator exactly the advantages and returns the same three
+    turns get when they stand in one row (a masked position between them). With ``turn_loo`` the turns of
+    the split episode get different advantages: the rows do not share one number."""
+    from types import SimpleNamespace
+
+    from verl.trainer.config import AlgoConfig
+
+    from verl_agentic.trainer import ppo
+    from verl_agentic.trainer.batch import build_batch, to_dataproto
+    from verl_agentic.trainer.verl_config import verl_modules
+
+    _, ray_trainer, _ = verl_modules()
+
+    def turns(*spans_rewards):
+        return [{"role": "assistant", "start": a, "end": b, "reward": r} for a, b, r in spans_rewards]
+
+    def episode(ids, mask, spans, group="1-0", rows_before=()):
+        return {"prompt_ids": [1, 2], "response_ids": ids, "response_mask": mask,
+                "response_logprobs": [-0.2 if m else None for m in mask], "messages": [], "turns": spans,
+                "group": group, "rows_before": list(rows_before)}
+
+    first_row = {**episode([5, 6], [1, 1], turns((0, 2, 0.3))), "split_reason": "history_changed"}
+    split = episode([7, 8, 9, 3, 3, 4], [1, 1, 1, 0, 0, 1], turns((0, 3, 0.2), (5, 6, None)), rows_before=[first_row])
+    one_row = episode([5, 6, 0, 7, 8, 9, 3, 3, 4], [1, 1, 0, 1, 1, 1, 0, 0, 1],
+                      turns((0, 2, 0.3), (3, 6, 0.2), (8, 9, None)))
+    others = [episode([5, 4, 3, 3, 4], [1, 1, 0, 0, 1], turns((0, 2, 0.5), (4, 5, None))),
+              episode([6, 6, 6], [1, 1, 1], turns((0, 3, None)))]
+    rewards = [1.0, 0.0, 0.5]
+    trainer = SimpleNamespace(conf=SimpleNamespace(algorithm=SimpleNamespace(turn_rewards=True)), pad_id=0, step=0)
+    config = AlgoConfig(adv_estimator=estimator, gamma=1.0, lam=0.9)
+
+    def estimate(d):
+        return ray_trainer.compute_advantage(d, adv_estimator=estimator, gamma=1.0, lam=0.9, num_repeat=3,
+                                             norm_adv_by_std_in_grpo=True, config=config)
+
+    def with_values(d, values_of):
+        d.batch["token_level_rewards"] = d.batch["token_level_scores"]
+        if estimator == "gae":  # a critic's values, the same for the same token wherever it stands
+            ids, mask = d.batch["responses"], d.batch["response_mask"]
+            d.batch["values"] = values_of(ids) * mask
+        return d
+
+    def values_of(ids):
+        return (ids.float() * 0.37).sin()
+
+    batch, rows, episode_of = ppo.PPOTrainer._batch(trainer, [split, *others], rewards)
+    assert episode_of == [0, 0, 1, 2] and batch.scores.tolist() == pytest.approx([0.3, 1.0, 0.0, 0.5])
+    got = ppo.episode_advantages(with_values(to_dataproto(batch), values_of), episode_of, estimate)
+    reference = build_batch([one_row, *others], rewards, pad_id=0, uids=["1-0"] * 3, turn_rewards=True)
+    want = estimate(with_values(to_dataproto(reference), values_of))
+
+    for key in ("advantages", "returns"):  # on generated tokens (verl's GAE leaves values on the others)
+        g, w = got.batch[key], want.batch[key] * want.batch["response_mask"]
+        assert g[0, :2].tolist() == pytest.approx(w[0, :2].tolist(), abs=1e-5)  # the first row: turn 1
+        assert g[1, :6].tolist() == pytest.approx(w[0, 3:9].tolist(), abs=1e-5)  # the second: turns 2 and 3
+        assert g[2:, :5].flatten().tolist() == pytest.approx(w[1:, :5].flatten().tolist(), abs=1e-5)  # one-row episodes
+    assert got.batch["advantages"][0, :2].abs().sum() > 0
+    if estimator == "turn_loo":  # turn 1 is judged against turn 1 of the others, turn 3 against none reached
+        adv = got.batch["advantages"]
+        assert len({round(float(adv[0, 0]), 4), round(float(adv[1, 0]), 4), round(float(adv[1, 5]), 4)}) == 3
+
+
+def test_an_agents_requests_and_answers_are_kept_and_compared_on_the_tape():
+    """``record.tape.note`` for the gateway's requests: a recording keeps each; a replay that sends the same
+    request and gets the same answer (other ids) matches it; another request or another answer is the
+    divergence, named with both."""
+    from verl_agentic.record import Tape, note, using
+    from verl_agentic.tasks.agent import taped_request, without_ids
+
+    body = {"model": "policy", "messages": [{"role": "user", "content": "q"},
+                                            {"role": "assistant", "content": None, "tool_calls": [
+                                                {"id": "call_1", "type": "function",
+                                                 "function": {"name": "f", "arguments": "{}"}}]},
+                                            {"role": "tool", "tool_call_id": "call_1", "content": "4"}]}
+    request = taped_request(body, answered=2)
+    assert request == {"model": "policy", "messages_before": 2, "messages": [{"role": "tool", "content": "4"}]}
+    answer = {"id": "chatcmpl-1", "created": 1, "choices": [{"message": {"role": "assistant", "content": "4"}}]}
+    recording = Tape("record")
+    with using(recording):
+        note("agent_http", request, {"answer": answer}, compared=without_ids)
+    assert recording.events == [{"door": "agent_http", "turn": 0, "request": request, "answer": answer}]
+
+    def replayed(req, ans) -> Tape:
+        tape = Tape("replay", recording.events)
+        with using(tape):
+            note("agent_http", req, {"answer": ans}, compared=without_ids)
+        return tape
+
+    same = replayed(taped_request({**body, "messages": [*body["messages"][:2], {**body["messages"][2],
+                                                                                "tool_call_id": "call_2"}]}, 2),
+                    {**answer, "id": "chatcmpl-2", "created": 2})
+    assert same.divergence is None and same.unused() == []
+    other = replayed({**request, "temperature": 0.3}, answer)
+    assert other.divergence["door"] == "agent_http" and "not in the recording" in other.divergence["what"]
+    assert other.divergence["got"]["temperature"] == 0.3
+    answered_otherwise = replayed(request, {**answer, "choices": [{"message": {"role": "assistant", "content": "5"}}]})
+    assert "answer differs" in answered_otherwise.divergence["what"]
 
 
 def test_a_replay_compares_every_row_of_an_episode():
@@ -562,7 +722,7 @@ def test_a_responses_request_becomes_the_chat_request_it_means_and_what_it_canno
     assert chat["tools"] == [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
     assert (chat["max_tokens"], chat["tool_choice"], chat["model"]) == (32, "auto", "policy")
     assert chat_request({"model": "policy", "input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
-    for bad, match in (({"previous_response_id": "resp_1"}, "keeps no responses"), ({"stream": True}, "streaming"),
+    for bad, match in (({"previous_response_id": "resp_1"}, "keeps no responses"),
                        ({"tools": [{"type": "web_search"}]}, "tools\\[0\\] is of type 'web_search'"),
                        ({"input": [{"type": "computer_call"}]}, "input\\[0\\] is of type 'computer_call'"),
                        ({"input": []}, "non-empty")):

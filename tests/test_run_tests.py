@@ -42,7 +42,8 @@ def _run(tmp_path: Path, marks: str, fail: str = "") -> tuple[subprocess.Complet
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    slow: slow\n")
     log = tmp_path / "order.log"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "VA_ORDER_LOG": str(log), "VA_FAIL": fail, "VA_TEST_WORKERS": "2"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # this test's own worker's
+    env.update(VA_ORDER_LOG=str(log), VA_FAIL=fail, VA_TEST_WORKERS="2")
     proc = subprocess.run(["bash", str(SCRIPT), sys.executable, marks, "-p", "no:cacheprovider"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     return proc, log.read_text().splitlines() if log.exists() else []

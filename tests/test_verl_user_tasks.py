@@ -6,7 +6,8 @@ The verl run: ``DEVICE=cpu scripts/run_gsm8k_multiturn.sh`` (verl's ``main_ppo``
 gloo, our ``hf`` rollout) with the page's overrides plus ``+agentic.imports=[my_tasks]``, run from the
 user's folder (Ray's workers get the driver's working directory on their ``sys.path``; the tests
 folder is not on ``PYTHONPATH``), scored by the ``prime`` manager, whose processes import ``my_tasks``
-for its scorer. About 1.5 minutes on 2 cores (marked ``slow``): one step of 4 prompts x 2.
+for its scorer. An agent written with the openai SDK (``my_agents``, issue 39) shares the batch. About 2
+minutes on 2 cores (marked ``slow``): one step of 6 prompts x 2.
 """
 
 from __future__ import annotations
@@ -59,10 +60,34 @@ def _data_dir(rows: pd.DataFrame, folder):
     return folder
 
 
+AGENTS = '''
+from verl_agentic.tasks import register_task
+from verl_agentic.tasks.agent import agent_task
+
+
+async def length_agent(row, client):
+    """An agent written with the OpenAI SDK: one call, rewarded by the length of the answer."""
+    reply = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=16)
+    return {"reward": min(1.0, len(reply.choices[0].message.content) / 40), "metrics": {"sdk_calls": 1}}
+
+
+register_task("length_agent", agent_task(length_agent))
+'''
+
+
 @pytest.mark.slow
 def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_dir, tmp_path):
+    """A user's tasks through main_rollout and one GRPO step of verl's trainer (the module's docstring). In
+    the same batch of verl's trainer, an agent written with the openai SDK in the user's module (issue 39): the gateway runs in verl's agent-loop worker, and each of its episodes is one token-exact row
+    scored by the agent's own reward."""
+    from transformers import AutoTokenizer
+
+    from verl_agentic.models.embedded import embedded_model_dir
+    from verl_agentic.rollout import check_drift
+
     folder = tmp_path / "my_project"  # outside the repository
     write_user_tasks(folder, rows=2)
+    (folder / "my_agents.py").write_text(AGENTS)
     files, runs = marked_blocks(PAGE)
     write_files(files, folder)  # the migration guide's interaction class, YAML and dataset script
 
@@ -80,14 +105,19 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
     made = subprocess.run(command_argv(runs["make_rows"]), cwd=folder, env=user_env(), capture_output=True, text=True,
                           timeout=120)
     assert made.returncode == 0, made.stderr
-    rows = pd.concat([pd.DataFrame(_user_rows(folder)), pd.read_parquet(folder / "rows.parquet")], ignore_index=True)
+    agent_rows = [{"data_source": "my/agent", "ability": "demo", "task_type": "length_agent",
+                   "prompt": [{"role": "user", "content": f"Say something about the number {i}."}],
+                   "reward_model": {"style": "rule", "ground_truth": "-"},
+                   "extra_info": {"index": 10 + i, "interaction_kwargs": None}} for i in range(2)]
+    rows = pd.concat([pd.DataFrame(_user_rows(folder)), pd.read_parquet(folder / "rows.parquet"),
+                      pd.DataFrame(agent_rows)], ignore_index=True)
     rows.to_parquet(folder / "rows.parquet")
     unused = _data_dir(rows, folder / "unused")  # the script's own gsm8k files: present, so it does not make them
     out = folder / "verl_out"
     env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(unused), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        ["bash", str(SCRIPT), *_verl_overrides(runs["verl"]), "+agentic.imports=[my_tasks]",
-         "agentic.max_new_tokens=24", "data.train_batch_size=4", "data.shuffle=false", "data.val_max_samples=4",
+        ["bash", str(SCRIPT), *_verl_overrides(runs["verl"]), "+agentic.imports=[my_tasks,my_agents]",
+         "agentic.max_new_tokens=24", "data.train_batch_size=6", "data.shuffle=false", "data.val_max_samples=4",
          "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
          "trainer.save_freq=-1", "reward.reward_manager.name=prime", "+reward.agentic.num_workers=1"],
         cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
@@ -95,11 +125,16 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
     # our dump of the step's episodes (step_000000: the policy that generated them) and verl's (each sample's
-    # score, decoded text; its uid is the episode's uid plus the sample): the same 4 prompts x rollout.n=2
+    # score, decoded text; its uid is the episode's uid plus the sample): the same 6 prompts x rollout.n=2
     episodes = [json.loads(x) for x in (out / "rollouts" / "step_000000.jsonl").read_text().splitlines()]
-    samples = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
-    assert sorted(t["task_type"] for t in episodes) == ["length_task"] * 2 + ["named_task"] * 2 + ["tool_agent"] * 4
-    assert len(samples) == 8
+    dumped = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
+    assert sorted(t["task_type"] for t in episodes) == (["length_agent"] * 4 + ["length_task"] * 2 + ["named_task"] * 2
+                                                        + ["tool_agent"] * 4)
+    # verl pads the 12 samples to 16 for its workers (copies with a "pad" uid): the 12 are the episodes'
+    samples = [s for s in dumped if not s["uid"].startswith("pad")]
+    assert len(samples) == 12 and len(dumped) in (12, 16)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir(quiet=True))
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     groups: dict[str, dict] = {}
     for t in episodes:
         groups.setdefault(t["uid"], {"episodes": [], "scores": []})["episodes"].append(t)
@@ -114,6 +149,13 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
         if task == "length_task":  # no scorer: scored by its own episode reward (4 B floats in verl's tensor)
             assert all(t["num_turns"] == 2 and t["reward"] == pytest.approx(expected_score(t)) for t in eps)
             assert scores == pytest.approx(sorted(t["reward"] for t in eps), abs=1e-6)
+        elif task == "length_agent":  # the SDK agent: one call of at most 16 tokens, its reward the score
+            for t in eps:
+                assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["sdk_calls"] == 1
+                assert 0 < sum(t["response_mask"]) <= 16
+                assert t["reward"] == pytest.approx(min(1.0, len(t["messages"][-1]["content"]) / 40))
+                assert check_drift(t, tokenizer, stop_token_ids=[stop]).ok
+            assert scores == pytest.approx(sorted(t["reward"] for t in eps), abs=1e-6)
         elif task == "named_task":  # its own scorer, registered by my_tasks in prime's processes, not its reward
             assert all(t["scorer"] == "my_len_scorer" and t["reward"] == 0.5 for t in eps)
             assert scores == sorted(expected_score(t) for t in eps)
@@ -126,61 +168,4 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
                                    "again."] * sum(wrong[:-1])
                 assert t["reward"] == float(not wrong[-1])
             assert scores == sorted(t["reward"] for t in eps)  # no scorer for my/arith: that reward
-    assert seen == {"length_task", "named_task", "tool_agent"}
-
-
-AGENTS = '''
-from verl_agentic.tasks import register_task
-from verl_agentic.tasks.agent import agent_task
-
-
-async def length_agent(row, client):
-    """An agent written with the OpenAI SDK: one call, rewarded by the length of the answer."""
-    reply = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=16)
-    return {"reward": min(1.0, len(reply.choices[0].message.content) / 40), "metrics": {"sdk_calls": 1}}
-
-
-register_task("length_agent", agent_task(length_agent))
-'''
-
-
-@pytest.mark.slow
-def test_an_agent_task_through_verls_trainer(tmp_path):
-    """Issue 39: an agent written with the openai SDK, registered in a user's module, through one GRPO step of
-    verl 0.9.1's trainer on the CPU (``task_agent`` over our hf rollout, verl's server manager): the gateway
-    runs in verl's agent-loop worker, each episode is one token-exact row scored by the agent's reward."""
-    from transformers import AutoTokenizer
-
-    from verl_agentic.models.embedded import embedded_model_dir
-    from verl_agentic.rollout import check_drift
-
-    folder = tmp_path / "my_project"
-    folder.mkdir()
-    (folder / "my_agents.py").write_text(AGENTS)
-    rows = pd.DataFrame([{"data_source": "my/agent", "ability": "demo", "task_type": "length_agent",
-                          "prompt": [{"role": "user", "content": f"Say something about the number {i}."}],
-                          "reward_model": {"style": "rule", "ground_truth": "-"},
-                          "extra_info": {"index": i, "interaction_kwargs": None}} for i in range(4)])
-    data = _data_dir(rows, folder / "data")
-    out = folder / "verl_out"
-    env = user_env(DEVICE="cpu", OUT=str(out), DATA_DIR=str(data), PYTHON=sys.executable, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "+agentic.imports=[my_agents]", "agentic.task_type=length_agent",
-         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-         "agentic.max_new_tokens=16", "data.train_batch_size=4", "data.shuffle=false",
-         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
-         "trainer.save_freq=-1"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=1500)
-    (tmp_path / "verl.log").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    episodes = [json.loads(x) for x in (out / "rollouts" / "step_000000.jsonl").read_text().splitlines()]
-    samples = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
-    assert len(episodes) == len(samples) == 8 and {t["task_type"] for t in episodes} == {"length_agent"}
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir(quiet=True))
-    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for t in episodes:
-        assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["sdk_calls"] == 1
-        assert 0 < sum(t["response_mask"]) <= 16
-        assert t["reward"] == pytest.approx(min(1.0, len(t["messages"][-1]["content"]) / 40))
-        assert check_drift(t, tokenizer, stop_token_ids=[stop]).ok
-    assert sorted(s["score"] for s in samples) == pytest.approx(sorted(t["reward"] for t in episodes), abs=1e-6)
+    assert seen == {"length_agent", "length_task", "named_task", "tool_agent"}

@@ -24,8 +24,8 @@ from verl_agentic.record.store import (
     read_header,
     recording_header,
 )
-from verl_agentic.record.tape import DOORS, LIVE_DOORS, ReplayDivergence, Tape, current, digest, door, using
+from verl_agentic.record.tape import DOORS, LIVE_DOORS, ReplayDivergence, Tape, current, digest, door, note, using
 
 __all__ = ["DOORS", "LIVE_DOORS", "NoChatModel", "NoModel", "TapedChatBackend", "has_native_chat", "taped", "RecordingError", "RecordingWriter", "RecordingWriters", "ReplayDivergence", "Tape",
-           "TapedBackend", "current", "digest", "door", "find_episode", "has_recording", "prompt_request",
+           "TapedBackend", "current", "digest", "door", "find_episode", "has_recording", "note", "prompt_request",
            "read_episodes", "read_header", "recording_header", "using"]

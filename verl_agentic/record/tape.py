@@ -21,6 +21,12 @@ environment, sandbox and remote reward clients share). Only the outermost door r
 to a sandbox service over HTTP is one ``tool`` event (its HTTP requests run inside it, unrecorded), so a
 replay that answers the tool from the recording needs no service.
 
+One kind of event is not a door: what an agent program (``tasks/agent.py``) sent to the episode's
+gateway and was answered (``agent_http``, through ``note``). A recording keeps each request and its
+answer; a replay runs the agent program again and compares each of its requests, and the answer the
+replayed episode gave it, with the recorded ones: the first that differs is the divergence (noted, the
+episode goes on: its generation door then says whether the tokens could still be answered).
+
 The tape rides in a context variable set around one episode (``using``): every asyncio task the episode
 starts (concurrent tool calls) sees it, and episodes running side by side each see their own.
 Requests are compared as JSON; a large part of a request is kept as its SHA-256 (``digest``).
@@ -36,7 +42,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Optional, TypeV
 
 T = TypeVar("T")
 
-DOORS = ("generate", "chat", "tool", "tool_reward", "interaction", "http")
+DOORS = ("generate", "chat", "tool", "tool_reward", "interaction", "http", "agent_http")
 # doors a replay may run for real (``--live``): the others either need a model or are never live
 LIVE_DOORS = ("tool", "tool_reward", "interaction", "http")
 
@@ -165,6 +171,15 @@ async def door(kind: str, request: Any, call: Callable[[], Awaitable[T]], *,
     return answer
 
 
+def note(kind: str, request: Any, outcome: dict, compared: Optional[Callable[[Any], Any]] = None) -> None:
+    """An event of the episode that is not a call through a door (``agent_http``: module docstring).
+    ``outcome`` is ``{"answer": ...}`` or ``{"error": ...}``; ``compared`` as for ``door``. A recording
+    tape keeps it, a replay compares it with the recorded one, no tape: nothing."""
+    tape = current()
+    if tape is not None:
+        _after(tape, kind, canonical(request), canonical(outcome), compared)
+
+
 def _after(tape: Tape, kind: str, request: Any, outcome: dict, compared: Optional[Callable[[Any], Any]]) -> None:
     """Record an event, or (a live door in a replay) compare it with the recorded one."""
     if tape.recording:
@@ -182,4 +197,4 @@ def _after(tape: Tape, kind: str, request: Any, outcome: dict, compared: Optiona
         tape.diverge(kind, f"{kind} answer differs from the recording", expected=recorded, got=outcome)
 
 
-__all__ = ["DOORS", "LIVE_DOORS", "ReplayDivergence", "Tape", "canonical", "current", "digest", "door", "using"]
+__all__ = ["DOORS", "LIVE_DOORS", "ReplayDivergence", "Tape", "canonical", "current", "digest", "door", "note", "using"]

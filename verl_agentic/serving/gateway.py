@@ -12,8 +12,8 @@ answers it (``verl_agentic.tasks.agent`` owns the tokens: it renders, generates 
 
 Routes: ``POST /v1/chat/completions`` (``session.complete(body)`` answers it; with ``stream=true``
 the whole answer comes as server-sent ``chat.completion.chunk`` events: ``completion_chunks``) and
-``POST /v1/responses`` (the Responses API, translated to and from a chat completion:
-``serving/responses.py``) and ``GET /v1/models`` (the one model, ``model_name``). A request with an
+``POST /v1/responses`` (the Responses API, translated to and from a chat completion, and streamed as
+the Responses protocol's own events: ``serving/responses.py``) and ``GET /v1/models`` (the one model, ``model_name``). A request with an
 unknown or missing key is a 401 naming the problem; a session's ``ServiceError`` is answered in the
 shape every service here uses, ``{"error": {"type", "message", ...}}``, which the OpenAI SDK reads as
 its own (``error.message``). The server listens on 127.0.0.1 only, at a free port.
@@ -30,7 +30,7 @@ from typing import Any, Optional, Protocol
 from aiohttp import web
 
 from verl_agentic.serving.errors import ServiceError
-from verl_agentic.serving.responses import chat_request, response_object
+from verl_agentic.serving.responses import chat_request, response_events, response_object
 from verl_agentic.serving.server import error_middleware, read_json_object
 
 MAX_BODY_BYTES = 64 << 20  # an agent's whole conversation travels in every request
@@ -100,23 +100,35 @@ class Gateway:
         completion = await session.complete(body)  # an error is a plain JSON answer, streaming or not
         if not stream:
             return web.json_response(completion)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        for chunk in completion_chunks(completion, include_usage=bool(options.get("include_usage"))):
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        chunks = completion_chunks(completion, include_usage=bool(options.get("include_usage")))
+        return await _event_stream(request, [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+                                   + [b"data: [DONE]\n\n"])
 
-    async def _responses(self, request: web.Request) -> web.Response:
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         body = await read_json_object(request)
-        return web.json_response(response_object(await session.complete(chat_request(body)), body))
+        stream = bool(body.pop("stream", False))
+        body.pop("stream_options", None)
+        answer = response_object(await session.complete(chat_request(body)), body)
+        if not stream:
+            return web.json_response(answer)
+        return await _event_stream(request, [
+            f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in response_events(answer)])
 
     async def _models(self, request: web.Request) -> web.Response:
         session = self._session(request)
         return web.json_response({"object": "list", "data": [
             {"id": getattr(session, "model_name", self.model_name), "object": "model", "created": int(time.time()), "owned_by": "verl-agentic"}]})
+
+
+async def _event_stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    """Answer ``request`` with server-sent ``events`` (each already framed), then end the stream."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+    await response.write_eof()
+    return response
 
 
 def completion_chunks(completion: dict, include_usage: bool = False) -> list[dict]:

@@ -4,8 +4,10 @@ An agent that speaks the Responses API (the OpenAI Agents SDK's default model, N
 its whole conversation as ``input`` items; :func:`chat_request` turns the request into the
 ``/v1/chat/completions`` body the episode's session answers, and :func:`response_object` turns that
 answer back into a ``response`` object. Stateless, as with ``store=false``: ``previous_response_id`` and
-``conversation`` are refused (the gateway keeps no responses), and so is ``stream=true`` (Responses
-streaming is a protocol of its own, not built).
+``conversation`` are refused (the gateway keeps no responses). ``stream=true`` is answered with the
+Responses protocol's server-sent events (:func:`response_events`): the response created, each output item
+added, its whole text or arguments in one delta, done, and the response completed (or incomplete). The
+turn is generated whole before it is answered, as for streamed chat completions.
 
 Input items, in order, become chat messages: ``instructions`` a first system message; a message item
 (``role`` user / system / developer / assistant, ``content`` a string or ``input_text`` / ``output_text``
@@ -27,9 +29,7 @@ from typing import Any
 from verl_agentic.serving.errors import ServiceError
 
 _UNSUPPORTED = {"previous_response_id": "the gateway keeps no responses: send the whole conversation as input",
-                "conversation": "the gateway keeps no conversations: send the whole conversation as input",
-                "stream": "Responses streaming is not built: send stream=false (or use /v1/chat/completions, "
-                          "which streams)"}
+                "conversation": "the gateway keeps no conversations: send the whole conversation as input"}
 
 
 def _text(content: Any, where: str) -> str:
@@ -137,4 +137,37 @@ def response_object(completion: dict, request: dict) -> dict:
     }
 
 
-__all__ = ["chat_request", "response_object"]
+def response_events(response: dict) -> list[dict]:
+    """A ``response`` object as the server-sent events of a streamed Responses request, in the protocol's
+    order (``sequence_number`` counting from 0): ``response.created`` and ``response.in_progress`` (no
+    output yet); per output item, ``response.output_item.added``, then a message's content part added, its
+    whole text in one ``response.output_text.delta``, the text done and the part done, or a function call's
+    whole arguments in one ``response.function_call_arguments.delta`` and done; ``response.output_item.done``;
+    last ``response.completed`` (``response.incomplete`` for a turn cut by ``max_output_tokens``)."""
+    events: list[dict] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        events.append({"type": kind, "sequence_number": len(events), **fields})
+
+    started = {**response, "status": "in_progress", "output": [], "incomplete_details": None}
+    emit("response.created", response=started)
+    emit("response.in_progress", response=started)
+    for k, item in enumerate(response["output"]):
+        where = {"item_id": item["id"], "output_index": k}
+        if item["type"] == "message":
+            emit("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []})
+            for c, part in enumerate(item["content"]):
+                emit("response.content_part.added", **where, content_index=c, part={**part, "text": ""})
+                emit("response.output_text.delta", **where, content_index=c, delta=part["text"], logprobs=[])
+                emit("response.output_text.done", **where, content_index=c, text=part["text"], logprobs=[])
+                emit("response.content_part.done", **where, content_index=c, part=part)
+        else:  # a function call
+            emit("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""})
+            emit("response.function_call_arguments.delta", **where, delta=item["arguments"])
+            emit("response.function_call_arguments.done", **where, arguments=item["arguments"], name=item["name"])
+        emit("response.output_item.done", output_index=k, item=item)
+    emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
+    return events
+
+
+__all__ = ["chat_request", "response_events", "response_object"]

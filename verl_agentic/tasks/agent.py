@@ -27,6 +27,9 @@ How an episode runs (the rollout's own loop, ``rollout/loops.py``; this module s
            starts a new training row (Observation.new_row); the agent returning ends it
     end:   the agent's result is the reward; a request still waiting is refused with the reason
 
+A recorded episode (``output.record=true``) keeps each request and its answer on its tape
+(``taped_request``, ``record.tape.note``), and a replay compares the agent's requests with them.
+
 So the captured ids are what the model saw and generated, by construction: generated tokens are never
 decoded and re-encoded, and what the agent adds is rendered in the conversation's real context.
 Calls merge into one training row while each request continues the conversation the gateway answered:
@@ -50,8 +53,8 @@ starts a new row; false: it is refused). The rollout's ``max_turns`` bounds the 
 ``top_p`` and ``seed`` (the rollout's sampling rules: it is the policy being trained); ``stop`` strings;
 ``tool_choice`` other than ``none`` (calls are parsed whenever the model writes them). ``n`` other
 than 1, another model and ``max_tokens`` above the context are refused; ``stream=true`` gets the whole
-answer as chunks (the turn is generated whole first). ``/v1/responses`` requests are translated to these
-(``serving/responses.py``). ``logprobs=true`` answers each token's logprob, with no
+answer as chunks (the turn is generated whole first). ``/v1/responses`` requests, streamed or not, are
+translated to these (``serving/responses.py``). ``logprobs=true`` answers each token's logprob, with no
 ``top_logprobs`` (the engine keeps the sampled token's only).
 """
 
@@ -81,6 +84,7 @@ from verl_agentic.interfaces import (
     SamplingParams,
     parse_section,
 )
+from verl_agentic.record.tape import note
 from verl_agentic.rollout.loops import default_gen
 from verl_agentic.rollout.task_spec import TaskSpec
 from verl_agentic.serving.errors import ServiceError
@@ -165,6 +169,7 @@ class AgentSession:
         self.request: dict = {}
         self.request_messages: list[dict] = []  # the waiting request's whole conversation (template form)
         self.new_row: Optional[str] = None  # why the waiting request starts a new row (None: it continues)
+        self.taped: dict = {}  # the waiting request as the recording keeps it (taped_request)
         self.answered: list[dict] = []  # the conversation the next request must start with (template form)
         self.agent: Optional[asyncio.Task] = None
         self.key = ""
@@ -191,10 +196,12 @@ class AgentSession:
                 messages, continues = self._accept(body)
             except ServiceError as e:
                 self.rejected += 1
+                note("agent_http", taped_request(body, 0), {"error": {"status": e.status, "type": e.type}})
                 answer.set_exception(e)
                 continue
             self.request, self.request_messages, self.pending = body, messages, answer
             self.new_row = None if continues else "history_changed"
+            self.taped = taped_request(body, len(self.answered) if continues else 0)
             return messages[len(self.answered):] if continues else messages
 
     def _accept(self, body: dict) -> tuple[list[dict], bool]:
@@ -257,19 +264,41 @@ class AgentSession:
         if self.pending.done():  # the agent went away (its request was cancelled): nobody to answer
             raise EpisodeFailure("task_error", "the agent's request was cancelled before its answer was ready "
                                                "(its client timed out or disconnected)")
-        self.pending.set_result({
+        response = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": self.cfg.model_name, "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(out.token_ids),
-                      "total_tokens": prompt_tokens + len(out.token_ids)}})
+                      "total_tokens": prompt_tokens + len(out.token_ids)}}
+        note("agent_http", self.taped, {"answer": response}, compared=without_ids)
+        self.pending.set_result(response)
         self.pending = None
         self.calls += 1
         self.answered = self.request_messages + [for_template(message, -1)]
 
     def refuse_pending(self, why: str) -> None:
         if self.pending is not None and not self.pending.done():
+            note("agent_http", self.taped, {"error": {"status": 400, "type": "episode_ended"}})
             self.pending.set_exception(ServiceError(400, "episode_ended", why))
         self.pending = None
+
+
+def without_ids(value: Any) -> Any:
+    """``value`` (a request or an answer, as JSON) without what differs on every run: the ids the gateway
+    makes (``id``, ``tool_call_id``) and ``created``."""
+    if isinstance(value, dict):
+        return {k: without_ids(v) for k, v in value.items() if k not in ("id", "tool_call_id", "created")}
+    if isinstance(value, list):
+        return [without_ids(v) for v in value]
+    return value
+
+
+def taped_request(body: dict, answered: int) -> dict:
+    """What the recording keeps of an agent's request (``record.tape.note``): its fields, and of its
+    messages the ones after the ``answered`` the episode's conversation already holds (counted, not
+    repeated), without the ids the gateway made."""
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    return without_ids({**{k: v for k, v in body.items() if k != "messages"}, "messages_before": answered,
+                        "messages": messages[answered:]})
 
 
 # ---------------------------------------------------------------- running the agent

@@ -212,17 +212,21 @@ class PPOTrainer:
     def _batch(self, trajs: list[dict], rewards: list[Optional[float]]) -> tuple[TrainBatch, list[dict], list[int]]:
         """The training rows of the episodes with a reward (a row without a generated token is left out; a
         step without any row is an error), padded; an episode of several rows (an agent whose history
-        changed) gives each its reward and group. Returns the batch, each row's dict (the trajectory,
-        or its entry of ``rows_before``: where its ``trainer_logprobs`` go) and each row's episode."""
+        changed) gives each its group, and its reward to the last (``episode_advantages`` joins them).
+        Returns the batch, each row's dict (the trajectory, or its entry of ``rows_before``: where its
+        ``trainer_logprobs`` go) and each row's episode."""
         rows, scores, groups, episode_of = [], [], [], []
         for e, (t, r) in enumerate((t, r) for t, r in zip(trajs, rewards) if r is not None):
             targets = [*(t.get("rows_before") or []), t]
-            for row, target in zip(training_rows(t), targets):
-                if sum(row["response_mask"]) > 0:
-                    rows.append((row, target))
-                    scores.append(r)
-                    groups.append(t["group"])
-                    episode_of.append(e)
+            kept = [(row, target) for row, target in zip(training_rows(t), targets) if sum(row["response_mask"]) > 0]
+            for k, (row, target) in enumerate(kept):
+                rows.append((row, target))
+                # the episode's reward once, on its last row; an earlier row's last token carries what a
+                # turn's token carries inside a row: its turn reward (algorithm.turn_rewards) or nothing
+                scores.append(r if k == len(kept) - 1 else
+                              last_turn_reward(row) if self.conf.algorithm.turn_rewards else 0.0)
+                groups.append(t["group"])
+                episode_of.append(e)
         if not rows:
             raise RuntimeError(f"step {self.step + 1}: no episode has a reward and a generated token to train on")
         batch = build_batch([row for row, _ in rows], scores, self.pad_id, uids=groups,
@@ -255,8 +259,8 @@ class PPOTrainer:
     def _advantages(self, batch: TrainBatch, metrics: dict, correct: bool, episode_of: list[int]) -> None:
         """verl's, in verl's order: the in-reward KL penalty, rollout correction (``correct``: the old
         logprobs are the trainer's and the rollout's are known), the estimator; advantages and returns
-        into ``batch.extra``. Episodes of several rows: the estimator sees each episode once (its last
-        row), and every row of the episode gets that advantage (``per_episode_advantages``)."""
+        into ``batch.extra``. Episodes of several rows: the estimator sees each episode as one sequence,
+        its rows joined, and each row gets its own part back (``episode_advantages``)."""
         _, ray_trainer, verl_F = verl_modules()
         data = to_dataproto(batch)
         for k in ("old_log_probs", "ref_log_prob", "values"):
@@ -279,12 +283,7 @@ class PPOTrainer:
         if len(set(episode_of)) == len(episode_of):
             data = estimate(data)
         else:
-            if self.kl_ctrl is not None or self.conf.algorithm.turn_rewards or a.adv_estimator == "gae":
-                raise ConfigError(
-                    f"step {self.step + 1}: an episode made several training rows (an agent whose history changed), "
-                    "and those train with an outcome estimator only (grpo, rloo, ...: one advantage per episode), "
-                    "without algorithm.turn_rewards or an in-reward KL penalty; or set task.<name>.split_rows=false")
-            data = per_episode_advantages(data, episode_of, estimate)
+            data = episode_advantages(data, episode_of, estimate)
         batch.extra["advantages"] = data.batch["advantages"]
         batch.extra["returns"] = data.batch["returns"]
         mask = batch.response_mask
@@ -397,26 +396,51 @@ class PPOTrainer:
 # the recipe's small helpers
 
 
-def per_episode_advantages(data: Any, episode_of: list[int], estimate: Any) -> Any:
-    """Advantages for a batch whose episodes may span several rows: ``estimate`` (verl's estimator) runs on
-    each episode's last row only, so a GRPO group counts episodes, not rows; every row of the episode then
-    gets that row's advantage (one number per episode for an outcome estimator: checked) on its own
-    response mask. Returns ``data`` with ``advantages`` and ``returns``."""
-    last = {e: i for i, e in enumerate(episode_of)}
-    primary = sorted(last.values())
-    sub = estimate(data.select_idxs(primary))
-    mask = sub.batch["response_mask"] > 0
-    adv = sub.batch["advantages"]
-    per_row = torch.where(mask, adv, torch.zeros_like(adv)).sum(-1) / mask.sum(-1).clamp(min=1)
-    spread = torch.where(mask, (adv - per_row[:, None]).abs(), torch.zeros_like(adv)).max()
-    if float(spread) > 1e-5:
-        raise ConfigError(f"the advantage estimator gave per-token advantages (spread {float(spread):.2e} within a row): "
-                          "episodes of several rows need an outcome estimator (one advantage per episode)")
-    position = {i: k for k, i in enumerate(primary)}
-    value = {e: float(per_row[position[i]]) for e, i in last.items()}
-    scalar = torch.tensor([value[e] for e in episode_of], dtype=adv.dtype)
-    data.batch["advantages"] = scalar[:, None] * data.batch["response_mask"]
-    data.batch["returns"] = data.batch["advantages"].clone()
+def last_turn_reward(row: dict) -> float:
+    """The own reward of a row's last assistant turn (0 when it has none)."""
+    spoken = [t for t in row.get("turns") or () if t.get("role") == "assistant" and t["end"] > t["start"]]
+    return float(spoken[-1].get("reward") or 0.0) if spoken else 0.0
+
+
+def episode_advantages(data: Any, episode_of: list[int], estimate: Any) -> Any:
+    """Advantages for a batch whose episodes may span several rows (``episode_of[i]``: row i's episode).
+
+    ``estimate`` (verl's estimator) sees each episode as one sequence: its rows' response positions joined
+    in order, with one masked position between two rows so that their turns stay apart. Every tensor of
+    the batch aligned with the responses is joined so (rewards, mask, values, log-probs); the other
+    fields are the episode's first row's. So a GRPO group counts episodes, not rows, and gives every row
+    of an episode that episode's advantage; ``turn_loo`` counts an episode's turns across its rows; GAE
+    runs through them. Each row gets back the advantages and returns of its own positions. The caller
+    puts the episode's reward on its last row only (``PPOTrainer._batch``)."""
+    from verl import DataProto
+
+    mask = data.batch["response_mask"]
+    width = mask.shape[1]
+    lengths = [int(x) for x in data.batch["attention_mask"][:, -width:].sum(-1)]
+    members: dict[int, list[int]] = {}
+    for i, e in enumerate(episode_of):
+        members.setdefault(e, []).append(i)
+    place: dict[int, tuple[int, int]] = {}  # row -> (episode's row in the joined batch, its first position)
+    joined_width = 1
+    for j, rows in enumerate(members.values()):
+        at = 0
+        for i in rows:
+            place[i] = (j, at)
+            at += lengths[i] + 1
+        joined_width = max(joined_width, at - 1)
+    aligned = {k: v for k, v in data.batch.items() if v.dim() == 2 and v.shape[1] == width}
+    joined = {k: v.new_zeros((len(members), joined_width)) for k, v in aligned.items()}
+    for i, (j, at) in place.items():
+        for k, v in aligned.items():
+            joined[k][j, at:at + lengths[i]] = v[i, :lengths[i]]
+    first = np.array([rows[0] for rows in members.values()])
+    out = estimate(DataProto.from_dict(tensors=joined, non_tensors={k: v[first] for k, v in data.non_tensor_batch.items()},
+                                       meta_info=dict(data.meta_info)))
+    for key in ("advantages", "returns"):
+        value = torch.zeros_like(mask, dtype=out.batch[key].dtype)
+        for i, (j, at) in place.items():
+            value[i, :lengths[i]] = out.batch[key][j, at:at + lengths[i]]
+        data.batch[key] = value * mask.to(value.dtype)
     return data
 
 
