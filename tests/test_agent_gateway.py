@@ -667,6 +667,17 @@ def test_an_agents_requests_and_answers_are_kept_and_compared_on_the_tape():
     answered_otherwise = replayed(request, {**answer, "choices": [{"message": {"role": "assistant", "content": "5"}}]})
     assert "answer differs" in answered_otherwise.divergence["what"]
 
+    built = []  # a request given as a function is built only where a tape is (the gateway's hot path)
+
+    def build() -> dict:
+        built.append(1)
+        return request
+    note("agent_http", build, {"answer": answer})
+    assert built == []
+    with using(Tape("record")) as tape:
+        note("agent_http", build, {"answer": answer})
+    assert built == [1] and tape.events[0]["request"] == request
+
 
 def test_a_replay_compares_every_row_of_an_episode():
     """replay/compare.py on an episode of two rows: a changed token in the first row is found there (its

@@ -253,3 +253,17 @@ def test_per_turn_rewards_give_the_same_advantages_in_verls_trainer_and_in_main_
 
     torch.testing.assert_close(verl_advantages(True), want, atol=1e-6, rtol=0)
     assert not torch.allclose(verl_advantages(False), want)
+
+
+def test_a_rows_last_spoken_turn_carries_its_own_reward_and_the_others_are_turn_rewards():
+    """``last_turn_reward`` (what an episode's earlier row ends with in ``main_ppo``) and ``turn_rewards``
+    share one rule: only assistant turns that generated a token count."""
+    from verl_agentic.rollout.trajectory import last_turn_reward, turn_rewards
+
+    row = {"turns": [{"role": "assistant", "start": 0, "end": 3, "reward": 0.25},
+                     {"role": "user", "start": 3, "end": 6, "reward": 9.0},
+                     {"role": "assistant", "start": 6, "end": 8, "reward": 0.5},
+                     {"role": "assistant", "start": 8, "end": 8, "reward": 0.9}]}  # spoke no token
+    assert last_turn_reward(row) == 0.5
+    assert turn_rewards(row) == [(2, 0.25)]
+    assert last_turn_reward({"turns": []}) == 0.0 and last_turn_reward({}) == 0.0

@@ -173,11 +173,13 @@ async def door(kind: str, request: Any, call: Callable[[], Awaitable[T]], *,
 
 def note(kind: str, request: Any, outcome: dict, compared: Optional[Callable[[Any], Any]] = None) -> None:
     """An event of the episode that is not a call through a door (``agent_http``: module docstring).
-    ``outcome`` is ``{"answer": ...}`` or ``{"error": ...}``; ``compared`` as for ``door``. A recording
-    tape keeps it, a replay compares it with the recorded one, no tape: nothing."""
+    ``request`` is its JSON, or a function that builds it (called only when there is a tape: the
+    episode pays nothing for it otherwise). ``outcome`` is ``{"answer": ...}`` or ``{"error": ...}``;
+    ``compared`` as for ``door``. A recording tape keeps it, a replay compares it with the recorded one,
+    no tape: nothing."""
     tape = current()
     if tape is not None:
-        _after(tape, kind, canonical(request), canonical(outcome), compared)
+        _after(tape, kind, canonical(request() if callable(request) else request), canonical(outcome), compared)
 
 
 def _after(tape: Tape, kind: str, request: Any, outcome: dict, compared: Optional[Callable[[Any], Any]]) -> None:

@@ -88,13 +88,24 @@ def training_rows(traj: dict) -> list[dict]:
     return rows
 
 
+def _spoken_turns(traj: dict) -> list[dict]:
+    """The assistant turns of a trajectory (or row) that generated at least one token."""
+    return [t for t in traj.get("turns") or () if t.get("role") == "assistant" and t["end"] > t["start"]]
+
+
 def turn_rewards(traj: dict) -> list[tuple[int, float]]:
     """``(position in response_ids, reward)`` of each assistant turn's own reward (the task's
     ``turn_reward``) on the turn's last token, for every assistant turn but the last, whose last token
     carries the episode's score. The one rule of per-turn rewards in both trainers (``main_ppo``'s
     ``algorithm.turn_rewards``, the verl plugin's ``agentic.turn_rewards``)."""
-    spoken = [t for t in traj.get("turns") or () if t.get("role") == "assistant" and t["end"] > t["start"]]
-    return [(t["end"] - 1, float(t.get("reward") or 0.0)) for t in spoken[:-1]]
+    return [(t["end"] - 1, float(t.get("reward") or 0.0)) for t in _spoken_turns(traj)[:-1]]
+
+
+def last_turn_reward(row: dict) -> float:
+    """The own reward of a row's last assistant turn (0 when it has none): what an episode's earlier row
+    carries on its last token, where the episode's score goes on its last row (``main_ppo``)."""
+    spoken = _spoken_turns(row)
+    return float(spoken[-1].get("reward") or 0.0) if spoken else 0.0
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:

@@ -169,7 +169,7 @@ class AgentSession:
         self.request: dict = {}
         self.request_messages: list[dict] = []  # the waiting request's whole conversation (template form)
         self.new_row: Optional[str] = None  # why the waiting request starts a new row (None: it continues)
-        self.taped: dict = {}  # the waiting request as the recording keeps it (taped_request)
+        self.taped: Callable[[], dict] = dict  # builds the waiting request as a recording keeps it (taped_request)
         self.answered: list[dict] = []  # the conversation the next request must start with (template form)
         self.agent: Optional[asyncio.Task] = None
         self.key = ""
@@ -196,12 +196,12 @@ class AgentSession:
                 messages, continues = self._accept(body)
             except ServiceError as e:
                 self.rejected += 1
-                note("agent_http", taped_request(body, 0), {"error": {"status": e.status, "type": e.type}})
+                note("agent_http", functools.partial(taped_request, body, 0), {"error": {"status": e.status, "type": e.type}})
                 answer.set_exception(e)
                 continue
             self.request, self.request_messages, self.pending = body, messages, answer
             self.new_row = None if continues else "history_changed"
-            self.taped = taped_request(body, len(self.answered) if continues else 0)
+            self.taped = functools.partial(taped_request, body, len(self.answered) if continues else 0)
             return messages[len(self.answered):] if continues else messages
 
     def _accept(self, body: dict) -> tuple[list[dict], bool]:

@@ -49,7 +49,7 @@ from verl_agentic.interfaces import ConfigError
 from verl_agentic.models.embedded import resolve_model_path
 from verl_agentic.reward import REWARD_MANAGERS, score_trajectories
 from verl_agentic.rollout import AsyncRollout, write_jsonl
-from verl_agentic.rollout.trajectory import training_rows
+from verl_agentic.rollout.trajectory import last_turn_reward, training_rows
 from verl_agentic.tasks import get_task
 from verl_agentic.trainer.actor import Actor, logprob_gap
 from verl_agentic.trainer.batch import TrainBatch, build_batch, to_dataproto
@@ -394,12 +394,6 @@ class PPOTrainer:
 
 # ----------------------------------------------------------------------------------------------
 # the recipe's small helpers
-
-
-def last_turn_reward(row: dict) -> float:
-    """The own reward of a row's last assistant turn (0 when it has none)."""
-    spoken = [t for t in row.get("turns") or () if t.get("role") == "assistant" and t["end"] > t["start"]]
-    return float(spoken[-1].get("reward") or 0.0) if spoken else 0.0
 
 
 def episode_advantages(data: Any, episode_of: list[int], estimate: Any) -> Any:
