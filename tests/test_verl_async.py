@@ -21,6 +21,8 @@ from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_agentic.interfaces import SamplingParams
+from verl_agentic.tasks import register_task
+from verl_agentic.tasks.agent import agent_task
 from verl_agentic.verl_plugin.backend import ServerManagerBackend
 
 
@@ -133,6 +135,85 @@ def test_an_aborted_request_that_is_never_resumed_fails_the_episode_instead_of_t
     backend = ServerManagerBackend(EndedRun(), tokenizer=None, stop_token_ids=[0], base_params={}, request_id="e")
     with pytest.raises(RuntimeError, match="aborted"):
         asyncio.run(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=4)))
+
+
+# --------------------------------------------------------------------------------------------
+# an agent program (issue 39) under the same abort and resume: it only ever sees a normal answer
+
+AGENT_REPLIES: dict[str, list] = {}
+
+
+async def two_call_agent(row, client):
+    """An agent written with the openai SDK: a short first call, then a long second one."""
+    messages = [{"role": "user", "content": row["question"]}]
+    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Go on."}]
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=200, logprobs=True)
+    AGENT_REPLIES[row["run"]] = [first, second]
+    return 1.0
+
+
+register_task("va_two_call_agent", agent_task(two_call_agent))
+
+
+def test_an_agents_call_aborted_for_a_weight_update_is_answered_normally_and_spans_two_versions(hf_server,
+                                                                                                   tiny_qwen_dir):
+    """colocate_async's abort and resume under an agent program's call (issue 39): the gateway's
+    generation goes through verl's own client (``FullyAsyncLLMServerClient``, its resume loop) to our
+    server, which aborts the agent's second call after 10 tokens for an update from step 3 to step 4.
+    The agent gets one normal answer (200 tokens, ``length``), the same text as an episode with no abort
+    (the weights are the same here, greedy), and the row is token-exact with that episode's row, with
+    the second turn's versions ``[3, 4]``. verl's colocate_async trainer itself runs an agent task in no
+    test: this is the mechanism, with verl's client and our server, and the gateway in between."""
+    from transformers import AutoTokenizer
+
+    from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen_dir)
+    stop = [tokenizer.eos_token_id]
+
+    def backend(request_id: str) -> ServerManagerBackend:
+        return ServerManagerBackend(InProcessRouting(client_config(400), hf_server), tokenizer, stop_token_ids=stop,
+                                    base_params={"logprobs": True}, request_id=request_id)
+
+    async def episode(server_backend, run: str) -> dict:
+        # greedy: the rollout's sampling rules the gateway's requests (it ignores their temperature)
+        cfg = RolloutConfig(max_turns=4, max_new_tokens=256, max_total_tokens=2048, temperature=0.0, concurrency=1)
+        row = {"task_type": "va_two_call_agent", "question": "Count from one to twenty.", "run": run, "index": 0}
+        [traj] = await AsyncRollout(server_backend, cfg, seed=0).run([row])
+        return traj
+
+    async def scenario():
+        await hf_server.set_global_steps(3)
+        aborted_backend = backend("agent-aborted")
+        running = asyncio.ensure_future(episode(aborted_backend, "aborted"))
+        while not aborted_backend.turn_versions:  # the first call answered: the second is on its way
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(_when_decoded(hf_server, hf_server.backend.stats()["decoded_tokens"] + 10), 60)
+        aborted = await hf_server.abort_all_requests()
+        await hf_server.set_global_steps(4)  # the weight update, behind the closed gate
+        await asyncio.sleep(1.5)
+        assert not running.done()  # verl's client waits for the resume: the agent's call is still open
+        await hf_server.resume_generation()
+        traj = await running
+        reference_backend = backend("agent-reference")
+        return aborted, traj, aborted_backend, await episode(reference_backend, "reference"), reference_backend
+
+    aborted, traj, aborted_backend, reference, reference_backend = asyncio.run(scenario())
+    assert aborted["aborted_count"] == 1
+    assert traj["error"] is None and reference["error"] is None
+    first, second = AGENT_REPLIES["aborted"]
+    assert second.choices[0].finish_reason == "length" and second.usage.completion_tokens == 200
+    assert [r.choices[0].message.content for r in AGENT_REPLIES["aborted"]] == \
+        [r.choices[0].message.content for r in AGENT_REPLIES["reference"]]
+    assert len(second.choices[0].logprobs.content) == 200
+    assert aborted_backend.turn_versions == [[3, 3], [3, 4]] and reference_backend.turn_versions == [[4, 4], [4, 4]]
+    assert traj["response_ids"] == reference["response_ids"] and traj["response_mask"] == reference["response_mask"]
+    generated = [i for i, m in enumerate(traj["response_mask"]) if m]
+    torch.testing.assert_close(torch.tensor([traj["response_logprobs"][i] for i in generated]),
+                               torch.tensor([reference["response_logprobs"][i] for i in generated]), atol=1e-4, rtol=0)
+    assert check_drift(traj, tokenizer, stop_token_ids=stop).ok
 
 
 # --------------------------------------------------------------------------------------------
