@@ -261,11 +261,12 @@ def vllm_run(tmp_path_factory, vllm_py):
     # beside step 3's (they start together), so it is usually done before step 3's update; step 5's starts
     # when step 4 trains. With two sequences at a time and turns of up to 160 tokens it took longer than step
     # 4's training here, so requests were in flight at step 4's update (with vLLM's full batching and 32- or
-    # 128-token turns the batch was always done first). A race, not a guarantee: the test of the spans
-    # reports a skip where nothing was in flight.
+    # 128-token turns the batch was always done first). Four at a time (2d09fdf, this machine): 3, 4 and 4
+    # requests aborted at the three updates, the launch's steps 442 s where two at a time took 563 s. A race,
+    # not a guarantee: the test of the spans reports a skip where nothing was in flight.
     third = _launch(out, data, *common, "trainer.total_training_steps=5", "trainer.resume_mode=auto",
                     "trainer.val_before_train=false", "trainer.v1.trainer_mode=colocate_async",
-                    "agentic.max_new_tokens=160", "actor_rollout_ref.rollout.max_num_seqs=2",
+                    "agentic.max_new_tokens=160", "actor_rollout_ref.rollout.max_num_seqs=4",
                     "trainer.test_freq=-1",  # no validation: nothing here asserts it (one took 110 s at 160-token turns)
                     python=vllm_py, ROLLOUT="vllm")
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
@@ -344,7 +345,7 @@ def test_resume_after_the_failure_runs_steps_3_to_5_in_colocate_async_mode(vllm_
 
 @pytest.mark.slow
 def test_vllm_requests_in_flight_at_an_update_are_aborted_and_their_episodes_span_two_versions(vllm_run):
-    """Whether a request is in flight at step 4's update is a race: step 5's batch (two sequences at a time,
+    """Whether a request is in flight at step 4's update is a race: step 5's batch (four sequences at a time,
     turns of up to 160 tokens) against step 4's training. The hf run paces its server to remove the race
     (test_verl_cpu.py); vLLM's server is verl's, so here a machine that finished the batch first is
     reported as a skip, with the abort counts, rather than passed."""
