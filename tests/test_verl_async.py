@@ -184,12 +184,15 @@ def test_an_agents_call_aborted_for_a_weight_update_is_answered_normally_and_spa
         [traj] = await AsyncRollout(server_backend, cfg, seed=0).run([row])
         return traj
 
+    async def first_call_answered(server_backend):
+        while not server_backend.turn_versions:
+            await asyncio.sleep(0.001)
+
     async def scenario():
         await hf_server.set_global_steps(3)
         aborted_backend = backend("agent-aborted")
         running = asyncio.ensure_future(episode(aborted_backend, "aborted"))
-        while not aborted_backend.turn_versions:  # the first call answered: the second is on its way
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(first_call_answered(aborted_backend), 60)  # the second call is on its way
         await asyncio.wait_for(_when_decoded(hf_server, hf_server.backend.stats()["decoded_tokens"] + 10), 60)
         aborted = await hf_server.abort_all_requests()
         await hf_server.set_global_steps(4)  # the weight update, behind the closed gate
@@ -203,7 +206,7 @@ def test_an_agents_call_aborted_for_a_weight_update_is_answered_normally_and_spa
     aborted, traj, aborted_backend, reference, reference_backend = asyncio.run(scenario())
     assert aborted["aborted_count"] == 1
     assert traj["error"] is None and reference["error"] is None
-    first, second = AGENT_REPLIES["aborted"]
+    second = AGENT_REPLIES["aborted"][1]
     assert second.choices[0].finish_reason == "length" and second.usage.completion_tokens == 200
     assert [r.choices[0].message.content for r in AGENT_REPLIES["aborted"]] == \
         [r.choices[0].message.content for r in AGENT_REPLIES["reference"]]
