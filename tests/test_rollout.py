@@ -1,6 +1,10 @@
 """AsyncRollout end to end on real models: token exactness, dispatch, limits and failures."""
 
 import asyncio
+import gc
+import logging
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,7 @@ from verl_agentic.interfaces import (
 from verl_agentic.rollout import AsyncRollout, RolloutConfig, check_drift, write_jsonl
 from verl_agentic.tasks import TASKS, TaskSpec, register_task
 
-from va_testing import GSM8K_TEST
+from va_testing import GSM8K_TEST, ScriptedPolicy
 
 ENDED: list[str] = []  # uids whose end() ran
 
@@ -285,3 +289,32 @@ def test_missing_model_path_is_clear():
         resolve_model_path("/nonexistent/model")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve_model_path(str(Path(__file__).parent))
+
+
+class SigtermOnSecondCall(ScriptedPolicy):
+    """The scripted policy, but its second call sends this process a real SIGTERM: the handler installed
+    (``main_rollout.StopSignals``, the CLIs') raises it as ``KeyboardInterrupt`` inside that episode's task."""
+
+    async def generate(self, prompt_ids, sampling):
+        if self.requests == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return await super().generate(prompt_ids, sampling)
+
+
+@pytest.mark.parametrize("run", ["run_sync", "asyncio.run"])
+def test_a_stop_inside_an_episode_leaves_no_unretrieved_task_traceback(qwen25_tokenizer, caplog, run):
+    """main_rollout printed its "to continue" line, then asyncio's "Task exception was never retrieved" with
+    a traceback (tests/test_faults.py caught it once): a stop that lands while a task runs leaves that task
+    finished with it. ``run_sync`` keeps the stop and drops the report; plain ``asyncio.run`` (the control)
+    prints it."""
+    from verl_agentic.main_rollout import StopSignals
+
+    rollout = AsyncRollout(SigtermOnSecondCall(qwen25_tokenizer, ["The answer is 1."]),
+                           RolloutConfig(max_turns=3, max_new_tokens=12, max_total_tokens=512), seed=1)
+    rows = [_row("a"), _row("b")]
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with StopSignals() as signals, pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            rollout.run_sync(rows) if run == "run_sync" else asyncio.run(rollout.run(rows))
+        gc.collect()  # the finished task's report comes when it is freed
+    assert signals.received == signal.SIGTERM
+    assert ("never retrieved" in caplog.text) == (run == "asyncio.run"), caplog.text

@@ -184,7 +184,19 @@ class AsyncRollout:
 
     def run_sync(self, rows: Sequence[dict], pending: Optional[Sequence[tuple[int, int]]] = None,
                  on_episode: Optional[Callable[[dict], None]] = None) -> list[dict]:
-        return asyncio.run(self.run(rows, pending, on_episode))
+        with asyncio.Runner() as runner:
+            runner.get_loop().set_exception_handler(_quiet_about_stops)
+            return runner.run(self.run(rows, pending, on_episode))
+
+
+def _quiet_about_stops(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The loop's exception handler: everything as asyncio reports it, but a stop. The CLIs raise SIGTERM
+    and SIGINT as ``KeyboardInterrupt`` (``main_rollout.StopSignals``); one that lands while a task runs
+    leaves that task finished with it, unretrieved, and asyncio would print "Task exception was never
+    retrieved" with a traceback after the run's "to continue" line (tests/test_faults.py saw it)."""
+    if isinstance(context.get("exception"), (KeyboardInterrupt, SystemExit)):
+        return
+    loop.default_exception_handler(context)
 
 
 class _ProgressBar:
