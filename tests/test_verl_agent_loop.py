@@ -114,6 +114,18 @@ def generate(worker, batch: DataProto) -> DataProto:
     return asyncio.run(worker.generate_sequences(batch))
 
 
+def registered_task_agent(worker) -> TaskAgentLoop:
+    """One task_agent loop made from verl's registry as verl's agent-loop workers make it (one per sample)."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+
+    return hydra.utils.instantiate(
+        _agent_loop_registry["task_agent"], trainer_config=DictConfigWrap(worker.config),
+        server_manager=worker.llm_client, tokenizer=worker.tokenizer, processor=worker.processor,
+        hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(worker.config.data), tools=ToolListWrap(worker.tools))
+
+
 def unpadded(out: DataProto, i: int) -> tuple[list[int], list[int], list[int], list[float]]:
     """prompt ids, response ids, response mask, rollout logprobs of sample i, padding removed."""
     width = out.batch["prompts"].shape[1]
@@ -366,8 +378,6 @@ def test_v1_trainer_storage_format(tiny_qwen_dir, gsm8k_parquet):
     """verl's default (v1) trainer stores each AgentLoopOutput's ``as_dict()`` plus the sample's
     columns in TransferQueue (AgentLoopWorkerTQ); run the loop as its worker does (one instance
     from the registry, ``session_id`` = which of the n samples) and stack the outputs that way."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     cfg = agent_config(tiny_qwen_dir, "+agentic.max_turns=2", "+agentic.max_new_tokens=8", response_length=64)
@@ -379,11 +389,7 @@ def test_v1_trainer_storage_format(tiny_qwen_dir, gsm8k_parquet):
         outputs = []
         for row in rows:
             for session_id in range(2):
-                loop = hydra.utils.instantiate(
-                    _agent_loop_registry["task_agent"], trainer_config=DictConfigWrap(worker.config),
-                    server_manager=worker.llm_client, tokenizer=worker.tokenizer, processor=worker.processor,
-                    hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
-                    data_config=DictConfigWrap(worker.config.data), tools=ToolListWrap(worker.tools))
+                loop = registered_task_agent(worker)
                 assert isinstance(loop, TaskAgentLoop)
                 params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
                 out = await loop.run(params, session_id=session_id, global_steps=1, **row)
@@ -782,8 +788,9 @@ def test_preprocess_cli(tmp_path):
 def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25_tokenizer, tiny_qwen_dir, tmp_path):
     """Issue 39: an agent written with the openai SDK as a task in verl's AgentLoopWorker (the gateway in the
     worker's event loop, verl's server manager behind it): a tool call and an answer, one token-exact sample.
-    An agent whose second call changes its history makes a second row, which verl's trainer cannot take:
-    the sample keeps its last row and says why (agentic.raise_on_errors decides whether it fails)."""
+    An agent whose second call changes its history makes a second row, which verl's trainer takes only with
+    GRPO (the next test): under verl's default estimator (gae) the sample keeps its last row and says why
+    (agentic.raise_on_errors decides whether it fails)."""
     import json
 
     import pandas as pd
@@ -819,5 +826,131 @@ def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25
     assert whole["error"] is None and whole["metrics"]["agent_calls"] == 2 and whole["reward"] == 1.0
     traj = trajectories_from_batch(out)[0]
     assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
-    assert split["error"]["type"] == "task_error" and "verl's trainer takes one row per episode" in split["error"]["message"]
+    assert split["error"]["type"] == "task_error"
+    assert "joins the rows of an episode for algorithm.adv_estimator=grpo only (with gae" in split["error"]["message"]
     assert split["metrics"]["agent_rows"] == 2
+
+
+def test_an_episode_of_two_rows_in_verls_v1_trainer_is_two_samples_with_one_grpo_advantage(
+        qwen25_tokenizer, tiny_qwen_dir, tmp_path):
+    """Issue 39: with verl's v1 trainer (its default) and GRPO, an agent episode of two rows is two outputs,
+    stored as verl's AgentLoopWorkerTQ stores them ({uid}_{session}_{row}), scored once by our reward manager
+    through verl's own ``_compute_score``, and verl's ``compute_advantage_for_multi_trajectories`` gives both
+    rows their episode's advantage: a GRPO group counts episodes (2 sessions), not rows (3). Each row is
+    token-exact on its own."""
+    import json
+
+    import pandas as pd
+    from omegaconf import OmegaConf
+    from verl.experimental.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    from va_agents import CALCULATOR, PROBLEMS, ScriptedCalculatorPolicy
+    from verl_agentic.tasks import register_task
+    from verl_agentic.tasks.agent import agent_task
+    from verl_agentic.tools.calculator import evaluate_expression, format_number
+
+    async def rows_agent(row, client):
+        """Session 0 is rewarded and session 1 is not (a scripted policy answers both alike), so that
+        GRPO has a difference to see; index 1's second call starts a fresh conversation: a second row."""
+        messages = list(row["prompt"])
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        call = reply.choices[0].message.tool_calls[0]
+        value = format_number(evaluate_expression(json.loads(call.function.arguments)["expression"]))
+        if row["extra_info"]["index"] == 1:
+            messages = [{"role": "user", "content": "In short: " + messages[-1]["content"]}]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": value})
+        await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+        return 1.0 if int(row["session_id"]) == 0 else 0.0
+
+    register_task("va_verl_rows_agent", agent_task(rows_agent), replace=True)
+    pd.DataFrame([{"data_source": "calc", "task_type": "va_verl_rows_agent", "ability": "math",
+                   "prompt": [{"role": "user", "content": q}], "reward_model": {"style": "rule", "ground_truth": a},
+                   "extra_info": {"index": i}}
+                  for i, (q, (_, a)) in enumerate(list(PROBLEMS.items())[:2])]).to_parquet(tmp_path / "rows.parquet")
+    cfg = agent_config(tiny_qwen_dir, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+                       "+agentic.max_turns=4", "+agentic.max_new_tokens=64", prompt_length=512, response_length=256)
+    policy = ScriptedCalculatorPolicy(qwen25_tokenizer)
+    worker = AgentLoopWorker(cfg, llm_client=BackendLLMClient(policy, 256),
+                             reward_loop_worker_handles=[InProcessActor(RewardLoopWorker(cfg))])
+    batch = dataset_batch(worker, cfg, tmp_path / "rows.parquet", rows=2, n=1)
+    samples = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
+
+    async def run_all():
+        stored = []  # (key, output) as AgentLoopWorkerTQ._agent_loop_postprocess puts them into TransferQueue
+        for sample in samples:
+            for session_id in range(2):
+                loop = registered_task_agent(worker)
+                kwargs = dict(sample, session_id=session_id, global_steps=1)
+                params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=True)
+                out = await loop.run(params, **kwargs)
+                outputs = out if isinstance(out, list) else [out]
+                await worker._compute_score(outputs, kwargs=kwargs)  # verl's own: scores the last, once
+                for earlier in outputs[:-1]:  # agent_loop_tq.py: the earlier rows get the last one's reward
+                    earlier.reward_score = outputs[-1].reward_score
+                stored += [(f"{sample['uid']}_{session_id}_{i}", o) for i, o in enumerate(outputs)]
+        return stored
+
+    stored = asyncio.run(run_all())
+    assert [key.rsplit("_", 2)[1:] for key, _ in stored] == [["0", "0"], ["1", "0"], ["0", "0"], ["0", "1"],
+                                                            ["1", "0"], ["1", "1"]]
+    for key, out in stored:
+        agentic = out.extra_fields[AGENTIC_FIELD]
+        assert agentic["error"] is None and agentic["rows"] == (2 if agentic["extra_info"]["index"] == 1 else 1)
+        assert agentic["split_reason"] == ("history_changed" if agentic["row"] < agentic["rows"] - 1 else None)
+        assert out.reward_score == (1.0 if key.rsplit("_", 2)[1] == "0" else 0.0)
+        row = {"prompt_ids": out.prompt_ids, "response_ids": out.response_ids, "response_mask": out.response_mask,
+               "response_logprobs": [lp if m else None for lp, m in zip(out.response_logprobs, out.response_mask)],
+               "messages": agentic["messages"], "turns": agentic["turns"], "tools": agentic["tools"]}
+        assert check_drift(row, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok, key
+    first, second = (out for key, out in stored if key.endswith(("_0_0", "_0_1")) and
+                     out.extra_fields[AGENTIC_FIELD]["rows"] == 2)
+    assert second.prompt_ids[:len(first.prompt_ids)] != first.prompt_ids + first.response_ids  # history changed
+    assert sum(first.response_mask) > 0 and sum(second.response_mask) > 0  # each row trains on its own call
+
+    keys = [key for key, _ in stored]
+    fields = [out.as_dict() for _, out in stored]
+    pad = torch.nn.utils.rnn.pad_sequence
+    data = DataProto.from_single_dict({
+        "rm_scores": pad([f["rm_scores"] for f in fields], batch_first=True),
+        "response_mask": pad([f["response_mask"] for f in fields], batch_first=True),
+        "uid": np.array([key.rsplit("_", 2)[0] for key in keys], dtype=object)})
+    data.batch["token_level_rewards"] = data.batch["rm_scores"]
+    data = compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator=AdvantageEstimator.GRPO,
+                                                    num_repeat=2, config=OmegaConf.create(OmegaConf.to_container(
+                                                        cfg.algorithm)))
+    # per prompt: rewards 1 and 0 over its 2 sessions -> +-(0.5 / std([1, 0])) = +-0.7071 on every row of a session,
+    # on its generated tokens only; the split episode's extra row does not make a third member of the group
+    expected = 0.5 / torch.tensor([1.0, 0.0]).std().item()
+    for i, key in enumerate(keys):
+        mask = data.batch["response_mask"][i].bool()
+        sign = 1.0 if key.rsplit("_", 2)[1] == "0" else -1.0
+        assert torch.allclose(data.batch["advantages"][i][mask], torch.full((int(mask.sum()),), sign * expected),
+                              atol=1e-4), key
+        assert not data.batch["advantages"][i][~mask].any()
+    # the monitors count the step's episodes, not its rows: the split episode once, by its last row
+    from verl_agentic.verl_plugin.monitors import episodes_from_fields
+
+    episodes, rewards = episodes_from_fields([o.extra_fields for _, o in stored], [o.reward_score for _, o in stored])
+    assert len(episodes) == 4 and rewards == [1.0, 0.0, 1.0, 0.0]
+    assert [e["rows"] for e in episodes] == [1, 1, 2, 2]
+
+
+def test_why_verls_trainer_refuses_an_episodes_rows():
+    """The three reasons an episode of several rows keeps only its last row in verl's trainer, each named."""
+    from omegaconf import OmegaConf
+
+    rows = [{"prompt_ids": [1] * 10}, {"prompt_ids": [1] * 40}]
+
+    def refusal(use_v1: bool, estimator: str, prompt_length: int = 64):
+        loop = types.SimpleNamespace(prompt_length=prompt_length, config=OmegaConf.create(
+            {"trainer": {"use_v1": use_v1}, "algorithm": {"adv_estimator": estimator}}))
+        return TaskAgentLoop._rows_refusal(loop, rows)
+
+    assert refusal(True, "grpo") is None
+    assert refusal(False, "grpo") == "verl's legacy trainer (trainer.use_v1=false) takes one row per episode"
+    assert "adv_estimator=grpo only (with rloo each row would count as an episode of its own)" in refusal(True, "rloo")
+    assert refusal(True, "grpo", prompt_length=32) == (
+        "its row 1's prompt has 40 tokens, more than actor_rollout_ref.rollout.prompt_length=32")

@@ -66,9 +66,15 @@ from verl_agentic.tasks.agent import agent_task
 
 
 async def length_agent(row, client):
-    """An agent written with the OpenAI SDK: one call, rewarded by the length of the answer."""
+    """An agent written with the OpenAI SDK: one call, rewarded by the length of the answer. On its second
+    row it asks again in a fresh conversation: its episodes make two training rows."""
     reply = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=16)
-    return {"reward": min(1.0, len(reply.choices[0].message.content) / 40), "metrics": {"sdk_calls": 1}}
+    calls = 1
+    if row["extra_info"]["index"] == 11:
+        again = [{"role": "user", "content": "Once more, in other words: " + row["prompt"][-1]["content"]}]
+        reply = await client.chat.completions.create(model="policy", messages=again, max_tokens=16)
+        calls = 2
+    return {"reward": min(1.0, len(reply.choices[0].message.content) / 40), "metrics": {"sdk_calls": calls}}
 
 
 register_task("length_agent", agent_task(length_agent))
@@ -78,8 +84,10 @@ register_task("length_agent", agent_task(length_agent))
 @pytest.mark.slow
 def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_dir, tmp_path):
     """A user's tasks through main_rollout and one GRPO step of verl's trainer (the module's docstring). In
-    the same batch of verl's trainer, an agent written with the openai SDK in the user's module (issue 39): the gateway runs in verl's agent-loop worker, and each of its episodes is one token-exact row
-    scored by the agent's own reward."""
+    the same batch of verl's trainer, an agent written with the openai SDK in the user's module (issue 39): the
+    gateway runs in verl's agent-loop worker, and each of its episodes is scored by the agent's own reward; on
+    one of its two prompts the agent's second call starts a fresh conversation, so each of that prompt's
+    episodes is two token-exact rows, both trained on, both with the episode's score."""
     from transformers import AutoTokenizer
 
     from verl_agentic.models.embedded import embedded_model_dir
@@ -130,9 +138,9 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
     dumped = [json.loads(x) for x in (out / "1.jsonl").read_text().splitlines()]
     assert sorted(t["task_type"] for t in episodes) == (["length_agent"] * 4 + ["length_task"] * 2 + ["named_task"] * 2
                                                         + ["tool_agent"] * 4)
-    # verl pads the 12 samples to 16 for its workers (copies with a "pad" uid): the 12 are the episodes'
+    # verl pads the 14 samples to 16 for its workers (copies with a "pad" uid): 12 episodes, 2 of them of 2 rows
     samples = [s for s in dumped if not s["uid"].startswith("pad")]
-    assert len(samples) == 12 and len(dumped) in (12, 16)
+    assert len(samples) == 14 and len(dumped) in (14, 16)
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir(quiet=True))
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     groups: dict[str, dict] = {}
@@ -145,17 +153,22 @@ def test_a_users_task_folder_through_main_rollout_and_verls_trainer(tiny_qwen_di
         eps, scores = group["episodes"], sorted(group["scores"])
         task = eps[0]["task_type"]
         seen.add(task)
-        assert len(eps) == len(scores) == 2
+        assert len(eps) == 2
+        rows = 2 if task == "length_agent" and eps[0]["extra_info"]["index"] == 11 else 1
+        assert len(scores) == 2 * rows
+        assert all(len(t.get("rows_before") or []) == rows - 1 for t in eps)
         if task == "length_task":  # no scorer: scored by its own episode reward (4 B floats in verl's tensor)
             assert all(t["num_turns"] == 2 and t["reward"] == pytest.approx(expected_score(t)) for t in eps)
             assert scores == pytest.approx(sorted(t["reward"] for t in eps), abs=1e-6)
-        elif task == "length_agent":  # the SDK agent: one call of at most 16 tokens, its reward the score
+        elif task == "length_agent":  # the SDK agent: calls of at most 16 tokens each, its reward the score
             for t in eps:
-                assert t["error"] is None and t["metrics"]["agent_calls"] == 1 and t["metrics"]["sdk_calls"] == 1
-                assert 0 < sum(t["response_mask"]) <= 16
+                assert t["error"] is None and t["metrics"]["agent_calls"] == t["metrics"]["sdk_calls"] == rows
+                assert t["metrics"]["agent_rows"] == rows
+                assert all(0 < sum(r["response_mask"]) <= 16 for r in [*(t.get("rows_before") or []), t])
                 assert t["reward"] == pytest.approx(min(1.0, len(t["messages"][-1]["content"]) / 40))
-                assert check_drift(t, tokenizer, stop_token_ids=[stop]).ok
-            assert scores == pytest.approx(sorted(t["reward"] for t in eps), abs=1e-6)
+                assert check_drift(t, tokenizer, stop_token_ids=[stop]).ok  # each row, for two
+            # each row is a sample of verl's batch with its episode's score (the last row's, given to both)
+            assert scores == pytest.approx(sorted(t["reward"] for t in eps for _ in range(rows)), abs=1e-6)
         elif task == "named_task":  # its own scorer, registered by my_tasks in prime's processes, not its reward
             assert all(t["scorer"] == "my_len_scorer" and t["reward"] == 0.5 for t in eps)
             assert scores == sorted(expected_score(t) for t in eps)

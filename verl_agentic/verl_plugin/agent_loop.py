@@ -376,11 +376,11 @@ class TaskAgentLoop(AgentLoopBase):
 
     # -- verl entry point -------------------------------------------------------------------
     @rollout_trace_op
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         # imported on first use, not with the plugin: the plugin loads in every process that imports verl
         from verl_agentic.rollout.loops import LoopLimits
         from verl_agentic.rollout.template import ChatTemplate
-        from verl_agentic.rollout.trajectory import build_trajectory
+        from verl_agentic.rollout.trajectory import build_trajectory, training_rows
 
         started = time.time()
         row = self._row(kwargs)
@@ -420,12 +420,15 @@ class TaskAgentLoop(AgentLoopBase):
                                             sampling, limits, template)
         traj = build_trajectory(state, result, uid=str(row.get("uid") or f"{task_type}-{index}"),
                                 task_type=task_type, index=int(index or 0), sample_id=sample_id, scorer=spec.scorer)
-        if traj.get("rows_before") and traj["error"] is None:  # verl's agent loop returns one row per episode
+        rows = training_rows(traj)
+        refusal = self._rows_refusal(rows) if len(rows) > 1 and traj["error"] is None else None
+        if refusal is not None:  # the sample keeps the episode's last row and says why
             traj["error"] = {"type": "task_error", "message": (
-                f"the episode made {len(traj['rows_before']) + 1} training rows (its agent changed the conversation's "
-                "history) and verl's trainer takes one row per episode: set task.<name>.split_rows=false to refuse "
-                "such requests instead, or train with main_ppo")}
+                f"the episode made {len(rows)} training rows (its agent changed the conversation's history) and "
+                f"{refusal}: set task.<name>.split_rows=false to refuse such requests instead, or train with main_ppo")}
             traj["finish_reason"] = "error"
+        if traj["error"] is not None:
+            rows = [traj]
         if tape is not None:  # before the errors are checked: an episode that fails its sample is recorded too
             self._record(tape, traj, backend, sampling_params, row=row, ctx=ctx, sampling=sampling, limits=limits,
                          episode_id=request_id)
@@ -435,12 +438,37 @@ class TaskAgentLoop(AgentLoopBase):
 
         metrics = AgentLoopMetrics(generate_sequences=backend.generate_s, tool_calls=hooks.obs_s,
                                    num_preempted=-1 if backend.num_preempted is None else backend.num_preempted)
-        return to_agent_loop_output(
-            traj, prompt_length=self.prompt_length, response_length=self.response_length,
-            logprobs_expected=bool(sampling_params.get("logprobs", False)), metrics=metrics,
+        # an episode of several rows: one output per row, in order (verl's v1 worker stores each under
+        # {uid}_{session}_{row} and gives the earlier rows the last one's reward); the episode's timings
+        # are counted once, on its last row
+        outputs = [to_agent_loop_output(
+            row, prompt_length=self.prompt_length, response_length=self.response_length,
+            logprobs_expected=bool(sampling_params.get("logprobs", False)),
+            metrics=metrics if row is rows[-1] else AgentLoopMetrics(),
             extra_fields={"min_global_steps": backend.min_global_steps, "max_global_steps": backend.max_global_steps},
             turn_rewards=self.settings.turn_rewards,
-        )
+        ) for row in rows]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _rows_refusal(self, rows: list[dict]) -> Optional[str]:
+        """Why verl's trainer cannot train this episode's rows as they are (None: it can). verl 0.9.1's v1
+        trainer (the default, ``trainer.use_v1``) takes a list of outputs per sample and, for
+        ``algorithm.adv_estimator=grpo`` only, computes the advantage once per sample from its last row and
+        gives it to every row (``compute_advantage_for_multi_trajectories``); its other estimators would
+        count each row as a sample of its own, and the legacy trainer takes one output per sample."""
+        trainer = self.config.get("trainer") or {}
+        if not trainer.get("use_v1", True):
+            return "verl's legacy trainer (trainer.use_v1=false) takes one row per episode"
+        estimator = (self.config.get("algorithm") or {}).get("adv_estimator")
+        estimator = str(getattr(estimator, "value", estimator))
+        if estimator != "grpo":
+            return (f"verl's trainer joins the rows of an episode for algorithm.adv_estimator=grpo only (with "
+                    f"{estimator} each row would count as an episode of its own)")
+        for i, row in enumerate(rows):
+            if len(row["prompt_ids"]) > self.prompt_length:
+                return (f"its row {i}'s prompt has {len(row['prompt_ids'])} tokens, more than "
+                        f"actor_rollout_ref.rollout.prompt_length={self.prompt_length}")
+        return None
 
     def _is_validation(self, sampling_params: dict) -> bool:
         """verl does not tell an agent loop whether it runs validation; its sampling does: the

@@ -26,9 +26,12 @@ What goes where in ``AgentLoopOutput``:
     ``sample_id``, ``reward`` (the task's own reward), ``num_assistant_turns``,
     ``finish_reason``, ``error`` ({type, message} or None), ``metrics`` (the task's per-episode
     metrics: feedback turns, flips, tool calls, ...), ``turns``, ``messages``, ``tools`` and
-    ``extra_info`` (the episode's: the row's plus what the task added, e.g. a swedev submission) and
+    ``extra_info`` (the episode's: the row's plus what the task added, e.g. a swedev submission),
     ``truncated_tokens`` (response tokens cut to fit ``response_length``; 0 when the loop's
-    budget kept it in, which ``ids_agent_loop`` always does);
+    budget kept it in, which ``ids_agent_loop`` always does) and, for an episode of several
+    training rows (one output each), ``row`` (this one's position), ``rows`` (how many) and
+    ``split_reason`` (why the row after this one started; None on the last); ``turns`` and
+    ``messages`` are this row's;
   - ``min_global_steps`` / ``max_global_steps``: the oldest and newest policy version the
     episode's tokens came from, as the server reported them (verl's off-policy bookkeeping);
   - ``agentic_turn_rewards`` (``TURN_REWARDS_FIELD``): ``[[position, reward], ...]``, each earlier
@@ -123,6 +126,7 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
         "turns": turns, "messages": traj["messages"], "tools": traj.get("tools"),
         "extra_info": traj.get("extra_info") or {},
         "truncated_tokens": traj.get("truncated_tokens", 0),
+        "row": traj.get("row", 0), "rows": traj.get("rows", 1), "split_reason": traj.get("split_reason"),
     }
     fields = {
         "turn_scores": [t.get("reward") for t in turns if t["role"] == "assistant"],

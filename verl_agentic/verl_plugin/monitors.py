@@ -51,12 +51,13 @@ def monitors_config(trainer_config: Any) -> Optional[MonitorsConfig]:
 
 def episodes_from_fields(extra_fields: list, scores: list) -> tuple[list[dict], list[Optional[float]]]:
     """The episodes of samples whose ``extra_fields`` hold our ``agentic`` record (the rest are not
-    ours and are left out), each with its ``reward_extra_info``, and their rewards."""
+    ours and are left out), each with its ``reward_extra_info``, and their rewards. An episode of
+    several rows is counted once, by its last row (the one verl scored)."""
     episodes, rewards = [], []
     for fields, score in zip(extra_fields, scores):
         fields = plain(fields) if fields is not None else {}
         agentic = fields.get(AGENTIC_FIELD) if isinstance(fields, dict) else None
-        if not isinstance(agentic, dict):
+        if not isinstance(agentic, dict) or agentic.get("row", 0) != agentic.get("rows", 1) - 1:
             continue
         episodes.append({**agentic, "reward_extra_info": fields.get("reward_extra_info") or {}})
         rewards.append(None if score is None else float(score))
