@@ -104,7 +104,7 @@ def slow_test_ids() -> set[str]:
 # make test runs the suite in two passes (scripts/run_tests.sh): the tests not marked serial on two worker
 # processes, then the serial ones alone. Serial: whole modules that launch verl's trainer or vLLM (they need
 # most of the machine's memory), and single tests marked in their module because they start a Ray cluster
-# (two local clusters at once can find each other's address). test_verl_async.py is not serial: it runs verl's
+# (two local clusters at once can find each other's address) or measure a time that two busy cores would skew. test_verl_async.py is not serial: it runs verl's
 # client against our server in its own process, with a tiny model, and starts no Ray.
 SERIAL_MODULES = {"test_verl_cpu.py", "test_verl_two_nodes.py", "test_verl_user_tasks.py", "test_verl_vllm.py",
                   "test_vllm.py"}

@@ -359,6 +359,7 @@ def test_swedev_replays_without_its_service(tmp_path):
 
 
 # --- one episode of a 10,000-episode recording ----------------------------------------------------------
+@pytest.mark.serial  # a timing: measured with nothing beside it (on 2 busy cores it took 1.03 s of its 1)
 def test_one_episode_of_a_10000_episode_recording_in_a_second(tiny_qwen_dir, tmp_path):
     """A greedy run over one problem records every index alike except its seed; the 10,000-episode
     recording is that episode written 10,000 times with each index's own seed (what a greedy run over
