@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test / make test-fast: the suite in two passes, both always run.
+# make test / test-fast / test-vllm / test-all (their marks: Makefile): the suite in two passes, both always run.
 #   1. every test not marked serial, on VA_TEST_WORKERS worker processes (pytest-xdist; default 2, one a core
 #      here). A module's tests stay on one worker (--dist loadfile), so its fixtures are built once.
 #   2. the tests marked serial, one at a time: they start Ray, verl's trainer or vLLM (their own cluster, and

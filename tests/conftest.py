@@ -104,10 +104,20 @@ def slow_test_ids() -> set[str]:
 # make test runs the suite in two passes (scripts/run_tests.sh): the tests not marked serial on two worker
 # processes, then the serial ones alone. Serial: whole modules that launch verl's trainer or vLLM (they need
 # most of the machine's memory), and single tests marked in their module because they start a Ray cluster
-# (two local clusters at once can find each other's address) or measure a time that two busy cores would skew. test_verl_async.py is not serial: it runs verl's
-# client against our server in its own process, with a tiny model, and starts no Ray.
+# (two local clusters at once can find each other's address) or measure a time that two busy cores would
+# skew. test_verl_async.py is not serial: it runs verl's client against our server in its own process, with
+# a tiny model, and starts no Ray.
 SERIAL_MODULES = {"test_verl_cpu.py", "test_verl_two_nodes.py", "test_verl_user_tasks.py", "test_verl_vllm.py",
                   "test_vllm.py"}
+# The vLLM tier (make test-vllm; make test leaves it out): every test that needs .venv-vllm, i.e. uses one of
+# these fixtures (directly or through another fixture). DEVLOG, twenty-fifth session: why it is a tier.
+VLLM_FIXTURES = {"vllm_py", "smol_server", "tiny_server"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """Before the test's fixtures: tell ``va_vllm.vllm_python`` whether this test is in the vLLM tier."""
+    os.environ["VA_TEST_IN_VLLM_TIER"] = "1" if item.get_closest_marker("vllm") else "0"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -117,6 +127,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slow)
         if item.path.name in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
+        if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -35,9 +35,19 @@ class VLLMUnavailable(RuntimeError):
     """The environment could not be set up or the server did not come up; the message has the log."""
 
 
+class NotInTheVLLMTier(RuntimeError):
+    """A test outside the vLLM tier (``make test`` leaves the tier out) asked for ``.venv-vllm``."""
+
+
 def vllm_python() -> Path:
-    """The python of ``.venv-vllm``, set up by ``scripts/setup_vllm.sh`` on the first call."""
+    """The python of ``.venv-vllm``, set up by ``scripts/setup_vllm.sh`` on the first call.
+
+    Under pytest, only a test marked ``vllm`` may ask (tests/conftest.py sets ``VA_TEST_IN_VLLM_TIER`` before
+    each test's fixtures): one that is not would set up 3.6 GB in ``make test``, whose budget leaves it out."""
     global _python
+    if os.environ.get("VA_TEST_IN_VLLM_TIER") == "0":
+        raise NotInTheVLLMTier(f"{os.environ.get('PYTEST_CURRENT_TEST', 'this test')} needs .venv-vllm but is not "
+                               "marked vllm: use a fixture named in VLLM_FIXTURES (tests/conftest.py) or add yours there")
     if _python is None:
         r = subprocess.run(["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=1800)
         if r.returncode != 0:
