@@ -1,7 +1,7 @@
 # make demo : set up .venv (idempotent), run multi-turn GSM8K rollouts on the embedded model, write the HTML report
 # make test : set up .venv and run the test-suite but the vLLM tier (CI runs this): two passes, scripts/run_tests.sh
 # make test-vllm : the vLLM tier alone (tests marked vllm: they set up .venv-vllm, 3.6 GB, on first use)
-# make test-all : both (make test, then make test-vllm's tests, in one run of scripts/run_tests.sh)
+# make test-all : every test, the vLLM tier too, in scripts/run_tests.sh's two passes (the vLLM tier's tests in pass 2)
 # make test-fast : make test without the tests marked slow (verl's trainer, training runs): the edit-test loop
 PYTHON ?= python3
 VENV   ?= .venv

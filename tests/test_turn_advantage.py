@@ -267,3 +267,130 @@ def test_a_rows_last_spoken_turn_carries_its_own_reward_and_the_others_are_turn_
     assert last_turn_reward(row) == 0.5
     assert turn_rewards(row) == [(2, 0.25)]
     assert last_turn_reward({"turns": []}) == 0.0 and last_turn_reward({}) == 0.0
+
+
+def _episode_of_rows(uid: str, sample: int, rows: list[list[tuple[int, float]]], score: float) -> dict:
+    """A trajectory whose assistant turns ``(length, own reward)`` are split into training rows (an agent
+    whose history changed: ``rows_before``); each row starts with its own prompt, turns apart by 3 injected
+    tokens, the last row's fields at the top level."""
+    made = []
+    for k, turns_of_row in enumerate(rows):
+        ids, mask, turns, messages = [], [], [], [{"role": "user", "content": f"q{k}"}]
+        for j, (n, r) in enumerate(turns_of_row):
+            if j:
+                turns.append({"role": "user", "start": len(ids), "end": len(ids) + 3, "text": "again", "num_messages": 1})
+                ids, mask = ids + [7, 8, 9], mask + [0, 0, 0]
+                messages.append({"role": "user", "content": "again"})
+            turns.append({"role": "assistant", "start": len(ids), "end": len(ids) + n, "text": "a", "reward": r,
+                          "finish_reason": "stop"})
+            ids, mask = ids + list(range(20, 20 + n)), mask + [1] * n
+            messages.append({"role": "assistant", "content": "a"})
+        made.append({"prompt_ids": [1, 2, 3 + k], "response_ids": ids, "response_mask": mask,
+                     "response_logprobs": [-0.2 if m else None for m in mask], "messages": messages, "turns": turns,
+                     "split_reason": "history_changed" if k < len(rows) - 1 else None})
+    last = made[-1]
+    return {**{k: v for k, v in last.items() if k != "split_reason"}, "rows_before": made[:-1] or None,
+            "uid": uid, "group": uid, "task_type": "agent", "index": 0, "sample_id": sample, "reward": score,
+            "num_turns": sum(len(r) for r in rows), "finish_reason": "stop", "error": None, "metrics": {}}
+
+
+def test_turn_loo_over_an_episodes_rows_is_the_same_in_verls_trainer_and_main_ppo():
+    """Issue 39: episodes of several rows with ``turn_loo`` and per-turn rewards, through each trainer's
+    own path. ``main_ppo``: its ``_batch`` (the score on an episode's last row, an earlier row ending with
+    its last turn's own reward) and ``episode_advantages`` (the rows joined) over verl's
+    ``compute_advantage``. verl's v1 trainer: our ``task_agent`` outputs, one per row, the episode's
+    score on every row as its agent-loop worker sets it, stored under ``{uid}_{session}_{row}`` in a
+    shuffled order (its ``_balance_batch``), then ``trainer_base.compute_advantage_for_multi_trajectories``
+    with our wrap (``turn_loo_rows``): equal, token by token. verl's function unwrapped counts each row
+    as an episode and differs; the wrap leaves GRPO to verl."""
+    import random
+    import types
+
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+    from verl.trainer.ppo import ray_trainer
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from verl_agentic.rollout.trajectory import training_rows
+    from verl_agentic.trainer.ppo import PPOTrainer, episode_advantages, to_dataproto
+    from verl_agentic.verl_plugin import turn_loo_rows, upstream
+    from verl_agentic.verl_plugin.convert import to_agent_loop_output
+
+    assert upstream.apply("turn_rewards")
+    turn_loo_rows.install(trainer_base)  # what the plugin does once verl's trainer module is imported (it was)
+    wrapped = trainer_base.compute_advantage_for_multi_trajectories
+    verls = wrapped.__wrapped__
+    assert wrapped.__verl_agentic_turn_loo_rows__ and verls.__module__ == "verl.trainer.ppo.v1.utils"
+    episodes = [_episode_of_rows("a", 0, [[(3, 0.25), (2, 0.0)], [(4, 0.5)]], 1.0),  # 3 turns over 2 rows
+                _episode_of_rows("a", 1, [[(2, 0.0)]], 0.0),
+                _episode_of_rows("a", 2, [[(2, 0.5)], [(3, 0.0), (2, 0.0)], [(1, 0.0)]], 1.0),  # 3 rows
+                _episode_of_rows("b", 0, [[(5, 0.0)], [(2, 0.25)]], 0.0),
+                _episode_of_rows("b", 1, [[(1, 0.0), (4, 0.0)]], 1.0)]
+    config = OmegaConf.create({"gamma": 0.9})
+
+    # main_ppo: its own batch and join
+    owner = types.SimpleNamespace(conf=types.SimpleNamespace(algorithm=types.SimpleNamespace(turn_rewards=True)),
+                                  pad_id=0, step=0)
+    batch, _, episode_of = PPOTrainer._batch(owner, episodes, [e["reward"] for e in episodes])
+    data = to_dataproto(batch)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    want = episode_advantages(data, episode_of, lambda d: ray_trainer.compute_advantage(
+        d, adv_estimator=NAME, config=config)).batch["advantages"]
+    want_rows = [want[i][batch.response_mask[i].bool()] for i in range(len(episode_of))]
+
+    # verl's v1 trainer
+    stored = []
+    for e in episodes:
+        for k, row in enumerate(training_rows(e)):
+            out = to_agent_loop_output(row, prompt_length=8, response_length=32, logprobs_expected=False,
+                                       metrics=AgentLoopMetrics(), turn_rewards=True)
+            out.reward_score = e["reward"]  # every row: agent_loop_tq.py gives the earlier rows the last one's
+            stored.append((f"{e['uid']}_{e['sample_id']}_{k}", out.as_dict()))
+    assert len(stored) == len(episode_of) == 9
+    order = list(range(len(stored)))
+    random.Random(0).shuffle(order)
+    keys = [stored[i][0] for i in order]
+    pad = torch.nn.utils.rnn.pad_sequence
+
+    def verl_data() -> DataProto:
+        fields = [stored[i][1] for i in order]
+        data = DataProto.from_single_dict({
+            "rm_scores": pad([f["rm_scores"] for f in fields], batch_first=True),
+            "response_mask": pad([f["response_mask"] for f in fields], batch_first=True),
+            "uid": np.array([key.split("_")[0] for key in keys], dtype=object)})
+        data.batch["token_level_scores"] = data.batch["token_level_rewards"] = data.batch["rm_scores"]
+        return data
+
+    def advantages_by_row(fn, estimator=NAME) -> list[torch.Tensor]:
+        out = fn(verl_data(), batch_keys=keys, adv_estimator=estimator, gamma=0.9, num_repeat=2, config=config)
+        by_key = {key: out.batch["advantages"][j][out.batch["response_mask"][j].bool()] for j, key in enumerate(keys)}
+        return [by_key[key] for key, _ in stored]
+
+    got = advantages_by_row(wrapped)
+    for i, (key, _) in enumerate(stored):
+        torch.testing.assert_close(got[i], want_rows[i], atol=1e-6, rtol=0, msg=key)
+    assert any(r.abs().sum() > 0 for r in got)
+    unjoined = advantages_by_row(verls)
+    assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(unjoined, want_rows))
+    grpo = [a.tolist() for a in advantages_by_row(wrapped, "grpo")]
+    assert grpo == [a.tolist() for a in advantages_by_row(verls, "grpo")]  # verl's own, not ours
+
+
+def test_turn_loo_joins_the_rows_of_an_episode_as_one_sequence():
+    """``episode_rows``: an episode split into rows in any order gets, turn by turn, the advantages it
+    gets as one row, and a group counts its episodes, not its rows."""
+    one = [_row([2, 3], reward=1.0), _row([4]), _row([1, 1], reward=1.0)]
+    want, want_ret = compute_turn_loo_advantage(torch.tensor([r for _, r in one]), torch.tensor([m for m, _ in one]),
+                                                index=["g"] * 3, config={"gamma": 0.8})
+    # episode 0 as two rows (its second turn in a row of its own, stored first), episode 2 likewise
+    split = [_row([3], reward=1.0), _row([2]), _row([4]), _row([1]), _row([1], reward=1.0)]
+    rewards, mask = torch.tensor([r for _, r in split]), torch.tensor([m for m, _ in split])
+    got, got_ret = compute_turn_loo_advantage(rewards, mask, index=["g"] * 5, config={"gamma": 0.8},
+                                              episode_rows=[(0, 1), (0, 0), (1, 0), (2, 0), (2, 1)])
+    assert got[1, :2].tolist() == want[0, :2].tolist() and got[0, :3].tolist() == want[0, 4:7].tolist()
+    assert got[2].tolist() == want[1].tolist() and got_ret[0, :3].tolist() == want_ret[0, 4:7].tolist()
+    assert got[3, :1].tolist() == want[2, :1].tolist() and got[4, :1].tolist() == want[2, 3:4].tolist()
+    with pytest.raises(ValueError, match=r"episode 0 has rows in groups 'g' and 'h'"):
+        compute_turn_loo_advantage(rewards, mask, index=["g", "h", "g", "g", "g"],
+                                   episode_rows=[(0, 1), (0, 0), (1, 0), (2, 0), (2, 1)])

@@ -789,7 +789,7 @@ def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25
     """Issue 39: an agent written with the openai SDK as a task in verl's AgentLoopWorker (the gateway in the
     worker's event loop, verl's server manager behind it): a tool call and an answer, one token-exact sample.
     An agent whose second call changes its history makes a second row, which verl's trainer takes only with
-    GRPO (the next test): under verl's default estimator (gae) the sample keeps its last row and says why
+    GRPO (the next test) and turn_loo (tests/test_turn_advantage.py): under verl's default estimator (gae) the sample keeps its last row and says why
     (agentic.raise_on_errors decides whether it fails)."""
     import json
 
@@ -827,7 +827,8 @@ def test_an_agent_task_runs_in_verls_agent_loop_and_a_second_row_is_named(qwen25
     traj = trajectories_from_batch(out)[0]
     assert check_drift(traj, qwen25_tokenizer, stop_token_ids=[policy.end_id]).ok
     assert split["error"]["type"] == "task_error"
-    assert "joins the rows of an episode for algorithm.adv_estimator=grpo only (with gae" in split["error"]["message"]
+    assert ("joins the rows of an episode for algorithm.adv_estimator=grpo and turn_loo only (with gae"
+            in split["error"]["message"])
     assert split["metrics"]["agent_rows"] == 2
 
 
@@ -938,8 +939,8 @@ def test_an_episode_of_two_rows_in_verls_v1_trainer_is_two_samples_with_one_grpo
     assert [e["rows"] for e in episodes] == [1, 1, 2, 2]
 
 
-def test_why_verls_trainer_refuses_an_episodes_rows():
-    """The three reasons an episode of several rows keeps only its last row in verl's trainer, each named."""
+def test_why_verls_trainer_refuses_an_episodes_rows(monkeypatch):
+    """The reasons an episode of several rows keeps only its last row in verl's trainer, each named."""
     from omegaconf import OmegaConf
 
     rows = [{"prompt_ids": [1] * 10}, {"prompt_ids": [1] * 40}]
@@ -951,6 +952,11 @@ def test_why_verls_trainer_refuses_an_episodes_rows():
 
     assert refusal(True, "grpo") is None
     assert refusal(False, "grpo") == "verl's legacy trainer (trainer.use_v1=false) takes one row per episode"
-    assert "adv_estimator=grpo only (with rloo each row would count as an episode of its own)" in refusal(True, "rloo")
+    assert "adv_estimator=grpo and turn_loo only (with rloo each row would count as an episode of its own)" in \
+        refusal(True, "rloo")
+    assert refusal(True, "turn_loo") is None  # joined in the trainer by the turn_loo_rows patch
+    monkeypatch.setenv("VERL_AGENTIC_TURN_LOO_ROWS", "0")
+    assert refusal(True, "turn_loo") == ("the turn_loo_rows patch that joins them for turn_loo is off: "
+                                         "VERL_AGENTIC_TURN_LOO_ROWS=0")
     assert refusal(True, "grpo", prompt_length=32) == (
         "its row 1's prompt has 40 tokens, more than actor_rollout_ref.rollout.prompt_length=32")

@@ -19,7 +19,9 @@ trainer in test_verl_vllm.py and test_verl_user_tasks.py). With SmolLM2 the thre
 
 Rows pick three agent-loop variants by ``agent_name`` (``examples/gsm8k_multiturn/agent_loop.yaml``):
 gsm8k with verify feedback, with retry feedback, and with the sandboxed ``python`` tool plus the
-``code_verify`` interaction. One run, many assertions (issue 37): these launches used to be five, in
+``code_verify`` interaction; one row of each batch is an agent written with the openai SDK
+(tests/va_verl_cpu_agent.py, issue 39) whose episodes make two training rows each: GRPO joins them in
+launch 1, ``turn_loo`` (our wrap of verl's function) in launches 2 and 3. One run, many assertions (issue 37): these launches used to be five, in
 this module and test_verl_async.py. Marked ``slow``: not in ``make test-fast``.
 """
 
@@ -45,6 +47,8 @@ from verl_agentic.inspect.runs import read_verl_metrics
 SCRIPT = REPO / "scripts" / "run_gsm8k_multiturn.sh"
 AGENT_LOOP_YAML = REPO / "examples" / "gsm8k_multiturn" / "agent_loop.yaml"
 VARIANTS = ("task_agent", "gsm8k_retry", "gsm8k_python_verify")
+AGENT_MODULE, AGENT_TASK = "va_verl_cpu_agent", "va_answer_twice"  # tests/va_verl_cpu_agent.py
+TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -342,28 +346,37 @@ def test_launch_script_bad_input_is_a_clear_error(env, message):
 # end to end: verl.trainer.main_ppo on the CPU
 
 
-def _write_data(folder: Path) -> None:
-    """12 train rows (4 of each agent variant) and 4 validation rows, through our preprocessor."""
+def _write_data(folder: Path, agent: bool = True) -> None:
+    """16 train rows, in order (the launches set ``data.shuffle=false``): each batch of 4 is 3 gsm8k rows (4 of
+    each agent variant in all) and one row of the SDK agent (``va_verl_cpu_agent``: the first 4 problems
+    again, its episodes of two rows each); 4 validation rows of gsm8k. Through our preprocessor. Without
+    ``agent`` (test_verl_vllm.py): the 12 gsm8k rows alone."""
     import verl_agentic.tasks  # noqa: F401
     from verl_agentic.agentic_utils import preprocess
 
     folder.mkdir(parents=True, exist_ok=True)
     preprocess("gsm8k", GSM8K_TEST, folder / "all.parquet", max_samples=16)
     rows = pd.read_parquet(folder / "all.parquet")
-    train, test = rows.iloc[:12].copy(), rows.iloc[12:16].copy()
-    train["agent_name"] = [VARIANTS[i % 3] for i in range(len(train))]
+    gsm8k, test = rows.iloc[:12].copy(), rows.iloc[12:16].copy()
+    gsm8k["agent_name"] = [VARIANTS[i % 3] for i in range(len(gsm8k))]
+    sdk = rows.iloc[:4].copy()
+    sdk["task_type"], sdk["agent_name"] = AGENT_TASK, "task_agent"
+    train = pd.concat([part for k in range(4) for part in (gsm8k.iloc[3 * k:3 * k + 3], sdk.iloc[k:k + 1])],
+                      ignore_index=True) if agent else gsm8k
     test["agent_name"] = "task_agent"
     train.to_parquet(folder / "train.parquet")
     test.to_parquet(folder / "test.parquet")
 
 
 def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900, python: str = sys.executable,
-            **env: str) -> subprocess.CompletedProcess:
+            agent: bool = True, **env: str) -> subprocess.CompletedProcess:
+    """One launch of the script; ``agent``: the data has the SDK agent's rows (``_write_data``)."""
     env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "DATA_DIR": str(data), "PYTHON": str(python),
-           "PYTHONUNBUFFERED": "1", **env}
+           "PYTHONUNBUFFERED": "1", **(TESTS_ON_PATH if agent else {}), **env}
+    with_agent = ("data.shuffle=false", f"+agentic.imports=[{AGENT_MODULE}]") if agent else ()
     proc = subprocess.run(
         ["bash", str(SCRIPT), f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_YAML}",
-         "data.train_batch_size=4", "data.val_max_samples=4", "agentic.max_new_tokens=32",
+         "data.train_batch_size=4", "data.val_max_samples=4", "agentic.max_new_tokens=32", *with_agent,
          # an entropy bonus makes every update move the weights even when all rewards of a group tie
          # (SmolLM2 solves few GSM8K problems): the weight-sync checks need a real change to see
          "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.entropy_coeff=0.01",
@@ -384,7 +397,6 @@ ASYNC = ("trainer.v1.trainer_mode=colocate_async", "algorithm.adv_estimator=turn
 # together); the second launch's server holds one turn until step 3's abort (tests/va_hf_pace.py), so an
 # episode spans two versions on any machine
 PACE = "+actor_rollout_ref.rollout.engine_kwargs.hf.server_class=va_hf_pace.HoldOneTurnForTheUpdate"
-TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
 E2E_TIMEOUT_S = 3600  # the first test that asks for the run bears its three launches (each bounded by _launch)
 
 
@@ -403,7 +415,7 @@ def verl_run(tmp_path_factory, tiny_smol_dir):
     second = _launch(out, data, *ASYNC, "trainer.total_training_steps=5", "trainer.save_freq=5",
                      "trainer.resume_mode=auto", "trainer.val_before_train=false",
                      "reward.reward_manager.name=prime", "+reward.agentic.num_workers=2", PACE,
-                     "trainer.test_freq=5", **TESTS_ON_PATH, **model)  # verl validates at each multiple and the last step
+                     "trainer.test_freq=5", **model)  # verl validates at each multiple and the last step
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     metrics_2, latest_2 = read_verl_metrics(out / "metrics.jsonl"), latest.read_text().strip()
     with ServiceProcess("verl_agentic.reward.server", "--workers", "1", "--timeout-s", "30", "--quiet",
@@ -421,11 +433,16 @@ def verl_run(tmp_path_factory, tiny_smol_dir):
                                  latest=[latest_1, latest_2, latest.read_text().strip()])
 
 
-def _episodes(folder: Path) -> list[dict]:
-    """Every episode of the run's dump (a line torn by a killed writer is named and skipped, not read)."""
+def _episodes_of_file(path: Path) -> list[dict]:
+    """The episodes of one dump file (a line torn by a killed writer is named and skipped, not read)."""
     from verl_agentic.jsonl import read_json_lines
 
-    return [e for f in sorted(folder.glob("step_*.jsonl")) for e in read_json_lines(f, skip_torn=True)]
+    return read_json_lines(path, skip_torn=True)
+
+
+def _episodes(folder: Path) -> list[dict]:
+    """Every episode of the run's dump."""
+    return [e for f in sorted(folder.glob("step_*.jsonl")) for e in _episodes_of_file(f)]
 
 
 @pytest.mark.slow
@@ -588,7 +605,8 @@ def test_the_dump_records_each_episodes_policy_versions_and_stays_token_exact(ve
     assert spanning, "no episode spanned a weight update"
     for e in eps:
         v = e["policy_versions"]
-        assert len(v["turns"]) == sum(t["role"] == "assistant" for t in e["turns"])
+        rows = [*(e.get("rows_before") or []), e]  # an agent's episode: the turns of its two rows
+        assert len(v["turns"]) == sum(t["role"] == "assistant" for r in rows for t in r["turns"])
         assert v["min"] == min(t[0] for t in v["turns"]) and v["max"] == max(t[1] for t in v["turns"])
     # token exactness holds across an abort: the resumed tokens continue the aborted ones
     drift = [check_drift(e, smol_tokenizer) for e in spanning if e["agent_name"] != "gsm8k_python_verify"]
@@ -602,3 +620,33 @@ def test_colocate_async_resumes_from_its_checkpoint(verl_run):
     assert m[6]["training/global_step"] == 6 and m[6]["actor/grad_norm"] > 0
     assert "global_step_5" in verl_run.third.stdout + verl_run.third.stderr
     assert (verl_run.out / "checkpoints" / "global_step_6").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
+def test_an_sdk_agents_episodes_of_two_rows_train_with_grpo_and_with_turn_loo_in_colocate_async(verl_run,
+                                                                                                 smol_tokenizer):
+    """Issue 39 in verl's trainer: a row of each batch runs an agent written with the openai SDK
+    (tests/va_verl_cpu_agent.py) through our gateway in verl's agent-loop worker, and each of its episodes
+    makes two training rows. Launch 1 trains them with GRPO in the synchronous trainer (verl joins a
+    session's rows itself), launches 2 and 3 with ``turn_loo`` in ``colocate_async``, where our wrap of
+    verl's function joins them (``verl_plugin/turn_loo_rows.py``, which says so in the log at each step it
+    acts): no episode was cut to its last row (that would be a ``task_error`` naming why), each row is
+    token-exact, and each call records the policy version that answered it."""
+    from verl_agentic.rollout import check_drift
+
+    eps = [e for e in _episodes(verl_run.out / "rollouts") if e["task_type"] == AGENT_TASK]
+    steps = {int(f.stem.split("_")[1]) for f in (verl_run.out / "rollouts").glob("step_*.jsonl")
+             for e in _episodes_of_file(f) if e["task_type"] == AGENT_TASK}
+    assert {0, 1} <= steps and max(steps) >= 2, sorted(steps)  # launch 1's steps and the asynchronous ones
+    for e in eps:
+        assert e["error"] is None and e["finish_reason"] != "error", e["error"]
+        assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
+        assert len(e["rows_before"]) == 1 and e["rows_before"][0]["split_reason"] == "history_changed"
+        assert all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
+        assert len(e["policy_versions"]["turns"]) == 2
+        assert check_drift(e, smol_tokenizer).ok  # each of its rows
+    for launch in (verl_run.second, verl_run.third):
+        joined = [line for line in (launch.stdout + launch.stderr).splitlines() if "turn_loo_rows: joined" in line]
+        assert joined and all("episodes of 2 rows" in line for line in joined), joined[:3]
+    assert "turn_loo_rows: joined" not in verl_run.first.stdout + verl_run.first.stderr  # GRPO: verl's own

@@ -125,18 +125,20 @@ def _statuses(**env: str) -> dict:
 def test_install_applies_each_patch_in_its_mode_only():
     gpu = _statuses()
     assert [n for n, s in gpu.items() if s == "applied"] == ["reward_managers", "task_agent", "turn_loo", "monitors",
-                                                               "preflight"]
+                                                               "preflight", "turn_loo_rows"]
     assert gpu["cpu_platform"].startswith("off: not CPU mode")
     assert gpu["turn_rewards"].startswith("not applied here; applied by the task_agent loop")
     cpu = _statuses(VERL_PLATFORM="cpu")
     assert [n for n, s in cpu.items() if s == "applied"] == [
-        "reward_managers", "task_agent", "turn_loo", "monitors", "preflight", "weight_sync_guard", "cpu_platform",
+        "reward_managers", "task_agent", "turn_loo", "monitors", "preflight", "turn_loo_rows", "weight_sync_guard",
+        "cpu_platform",
         "cpu_fsdp_engines", "cpu_process_group", "cpu_offload_no_pin", "hf_rollout", "vllm_distribution_alias",
         "cpu_vllm_replica", "cpu_separate_async"]
     off = _statuses(VERL_PLATFORM="cpu", VERL_AGENTIC_MONITORS="0", VERL_AGENTIC_WEIGHT_SYNC_GUARD="0",
-                    VERL_AGENTIC_PREFLIGHT="0")
+                    VERL_AGENTIC_PREFLIGHT="0", VERL_AGENTIC_TURN_LOO_ROWS="0")
     assert off["monitors"] == "off: VERL_AGENTIC_MONITORS=0" and off["weight_sync_guard"].startswith("off:")
     assert off["preflight"] == "off: VERL_AGENTIC_PREFLIGHT=0"
+    assert off["turn_loo_rows"] == "off: VERL_AGENTIC_TURN_LOO_ROWS=0"
 
 
 ADAPTER = ("import verl\nfrom verl.workers.rollout.base import _ROLLOUT_REGISTRY\n"

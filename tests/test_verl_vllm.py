@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from test_verl_cpu import AGENT_LOOP_YAML, SCRIPT, VARIANTS, _episodes, _launch, _write_data
+from test_verl_cpu import AGENT_LOOP_YAML, E2E_TIMEOUT_S, SCRIPT, VARIANTS, _episodes, _launch, _write_data
 from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
 
@@ -246,10 +246,11 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
     root = tmp_path_factory.mktemp("verl_vllm")
     out, data = root / "run", root / "data"
     out.mkdir()
-    _write_data(data)
+    _write_data(data, agent=False)  # the SDK agent's rows: test_verl_cpu.py's launches
     common = (f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={BUCKET_MB}",)
     model = {"MODEL_PATH": str(tiny_smol_dir)}
-    first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm", **model)
+    first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm", agent=False,
+                    **model)
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
     latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
     metrics_1, pushes_1 = read_verl_metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
@@ -257,7 +258,7 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
     start = time.monotonic()
     failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
                      "trainer.val_before_train=false", FAILING_LOAD, python=vllm_py, ROLLOUT="vllm", timeout=900,
-                     **TESTS_ON_PATH, **model)
+                     agent=False, **TESTS_ON_PATH, **model)
     failed_s = time.monotonic() - start
     latest_after_failure = latest.read_text().strip()
     shm_after = _shm_segments()
@@ -272,7 +273,7 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
                     "trainer.val_before_train=false", "trainer.v1.trainer_mode=colocate_async",
                     "agentic.max_new_tokens=160", "actor_rollout_ref.rollout.max_num_seqs=4",
                     "trainer.test_freq=-1",  # no validation: nothing here asserts it (one took 110 s at 160-token turns)
-                    python=vllm_py, ROLLOUT="vllm", **model)
+                    python=vllm_py, ROLLOUT="vllm", agent=False, **model)
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, model=Path(tiny_smol_dir), first=first, failed=failed, failed_s=failed_s, third=third,
                                  metrics_1=metrics_1, metrics_3=read_verl_metrics(out / "metrics.jsonl"),
@@ -283,6 +284,7 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)  # the first test to ask for vllm_run bears its three launches
 def test_verl_trains_with_its_vllm_rollout_on_cpu(vllm_run):
     m = vllm_run.metrics_1
     assert {0, 1, 2} <= set(m), sorted(m)
@@ -301,6 +303,7 @@ def test_verl_trains_with_its_vllm_rollout_on_cpu(vllm_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_every_update_reaches_vllm_with_nothing_missing(vllm_run):
     """Checked on the vLLM side (the worker's record of each sync): one push at start, one after each
     update, every parameter of vLLM's model loaded, in several buckets, the weights changing."""
@@ -321,6 +324,7 @@ def test_every_update_reaches_vllm_with_nothing_missing(vllm_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_a_failed_weight_sync_fails_the_step_with_its_cause(vllm_run):
     """The injected load failure on the vLLM side after step 3's update: verl's sender would wait
     forever; the run fails with the worker's error, keeps step 2's checkpoint, leaves no segment."""
@@ -334,6 +338,7 @@ def test_a_failed_weight_sync_fails_the_step_with_its_cause(vllm_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_resume_after_the_failure_runs_steps_3_to_5_in_colocate_async_mode(vllm_run):
     """The resume switches to verl's colocate_async trainer: the next batch is rolled out while a step
     trains, and verl aborts vLLM's requests in flight before each weight update (``abort_all_requests``,
@@ -351,6 +356,7 @@ def test_resume_after_the_failure_runs_steps_3_to_5_in_colocate_async_mode(vllm_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_vllm_requests_in_flight_at_an_update_are_aborted_and_their_episodes_span_two_versions(vllm_run):
     """Whether a request is in flight at step 4's update is a race: step 5's batch (four sequences at a time,
     turns of up to 160 tokens) against step 4's training. The hf run paces its server to remove the race
@@ -371,6 +377,7 @@ def test_vllm_requests_in_flight_at_an_update_are_aborted_and_their_episodes_spa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_vllm_run_dump_is_token_exact_with_aligned_masks(vllm_run, smol_tokenizer):
     from verl_agentic.rollout import check_drift
 

@@ -101,6 +101,17 @@ def turn_rewards(traj: dict) -> list[tuple[int, float]]:
     return [(t["end"] - 1, float(t.get("reward") or 0.0)) for t in _spoken_turns(traj)[:-1]]
 
 
+def row_turn_rewards(row: dict) -> list[tuple[int, float]]:
+    """:func:`turn_rewards` of one training row: an episode's earlier row (``row`` < ``rows`` - 1) also
+    carries its last assistant turn's own reward on that turn's last token, where the episode's score
+    goes on its last row only (``main_ppo``; the verl plugin with ``agentic.turn_rewards``)."""
+    pairs = turn_rewards(row)
+    spoken = _spoken_turns(row)
+    if spoken and row.get("row", 0) < row.get("rows", 1) - 1:
+        pairs.append((spoken[-1]["end"] - 1, last_turn_reward(row)))
+    return pairs
+
+
 def last_turn_reward(row: dict) -> float:
     """The own reward of a row's last assistant turn (0 when it has none): what an episode's earlier row
     carries on its last token, where the episode's score goes on its last row (``main_ppo``)."""

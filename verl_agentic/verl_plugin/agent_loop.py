@@ -455,15 +455,20 @@ class TaskAgentLoop(AgentLoopBase):
         trainer (the default, ``trainer.use_v1``) takes a list of outputs per sample and, for
         ``algorithm.adv_estimator=grpo`` only, computes the advantage once per sample from its last row and
         gives it to every row (``compute_advantage_for_multi_trajectories``); its other estimators would
-        count each row as a sample of its own, and the legacy trainer takes one output per sample."""
+        count each row as a sample of its own but ``turn_loo`` (``turn_loo_rows.py`` joins them), and the
+        legacy trainer takes one output per sample."""
         trainer = self.config.get("trainer") or {}
         if not trainer.get("use_v1", True):
             return "verl's legacy trainer (trainer.use_v1=false) takes one row per episode"
         estimator = (self.config.get("algorithm") or {}).get("adv_estimator")
         estimator = str(getattr(estimator, "value", estimator))
-        if estimator != "grpo":
-            return (f"verl's trainer joins the rows of an episode for algorithm.adv_estimator=grpo only (with "
-                    f"{estimator} each row would count as an episode of its own)")
+        if estimator == "turn_loo":  # joined by our wrap of verl's function in the trainer (turn_loo_rows.py)
+            on, why = upstream.state(upstream.BY_NAME["turn_loo_rows"])
+            if not on:
+                return f"the turn_loo_rows patch that joins them for turn_loo is {why}"
+        elif estimator != "grpo":
+            return (f"verl's trainer joins the rows of an episode for algorithm.adv_estimator=grpo and turn_loo only "
+                    f"(with {estimator} each row would count as an episode of its own)")
         for i, row in enumerate(rows):
             if len(row["prompt_ids"]) > self.prompt_length:
                 return (f"its row {i}'s prompt has {len(row['prompt_ids'])} tokens, more than "

@@ -35,8 +35,9 @@ What goes where in ``AgentLoopOutput``:
   - ``min_global_steps`` / ``max_global_steps``: the oldest and newest policy version the
     episode's tokens came from, as the server reported them (verl's off-policy bookkeeping);
   - ``agentic_turn_rewards`` (``TURN_REWARDS_FIELD``): ``[[position, reward], ...]``, each earlier
-    assistant turn's reward on its last token when ``agentic.turn_rewards`` is on (else ``[]``);
-    ``verl_plugin/turn_rewards.py`` adds them to verl's token-level scores.
+    assistant turn's reward on its last token when ``agentic.turn_rewards`` is on (else ``[]``); on an
+    episode's earlier row its last turn's too (``row_turn_rewards``); ``verl_plugin/turn_rewards.py`` adds
+    them to verl's token-level scores.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 import torch
 
 from verl_agentic.interfaces import FINISH_INVALID_TOOL_CALLS
-from verl_agentic.rollout.trajectory import turn_rewards as trajectory_turn_rewards
+from verl_agentic.rollout.trajectory import row_turn_rewards
 
 RESPONSE_MASK_FIELD = "agentic_response_mask"
 AGENTIC_FIELD = "agentic"
@@ -134,7 +135,7 @@ def to_agent_loop_output(traj: dict, *, prompt_length: int, response_length: int
                          for call in (t.get("info") or {}).get("tool_calls", ())],
         RESPONSE_MASK_FIELD: list(traj["response_mask"]),
         AGENTIC_FIELD: agentic,
-        TURN_REWARDS_FIELD: [list(p) for p in trajectory_turn_rewards(traj)] if turn_rewards else [],
+        TURN_REWARDS_FIELD: [list(p) for p in row_turn_rewards(traj)] if turn_rewards else [],
         **(extra_fields or {}),
     }
     return AgentLoopOutput(

