@@ -26,7 +26,7 @@ def test_the_tests_that_use_a_vllm_fixture_are_the_vllm_tier_and_the_rest_of_the
     assert not tier & {"test_no_vllm_in_the_environment_is_a_clear_error_with_the_setup_command",
                        "test_launch_script_vllm_overrides_fit_verls_config_and_leave_the_gpu_run_alone",
                        "test_settings_vllms_cpu_engine_refuses_are_one_error_naming_each"}
-    assert len(tier) == 16, sorted(tier)
+    assert len(tier) == 17, sorted(tier)
 
 
 def test_a_test_outside_the_tier_that_asks_for_the_vllm_environment_fails_by_name(monkeypatch):

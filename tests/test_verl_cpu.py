@@ -13,7 +13,7 @@ trainer in test_verl_vllm.py and test_verl_user_tasks.py). With SmolLM2 the thre
    ``turn_loo`` and per-turn rewards: two batches of prompts in flight, each step trains the first groups
    to finish, and the requests still running are aborted before the weight update and resumed after it
    (partial rollouts spanning two policy versions; the server holds one turn until step 3's abort,
-   tests/va_hf_pace.py, so that one is running then on any machine);
+   tests/va_hf_pace.py, so that one is running then on any machine, and one call of the agent below);
 3. a resume of that asynchronous run from its own checkpoint for step 6, scored by ``swedev`` (the remote
    manager) against a running ``python -m verl_agentic.reward.server``.
 
@@ -21,8 +21,9 @@ Rows pick three agent-loop variants by ``agent_name`` (``examples/gsm8k_multitur
 gsm8k with verify feedback, with retry feedback, and with the sandboxed ``python`` tool plus the
 ``code_verify`` interaction; one row of each batch is an agent written with the openai SDK
 (tests/va_verl_cpu_agent.py, issue 39) whose episodes make two training rows each: GRPO joins them in
-launch 1, ``turn_loo`` (our wrap of verl's function) in launches 2 and 3. One run, many assertions (issue 37): these launches used to be five, in
-this module and test_verl_async.py. Marked ``slow``: not in ``make test-fast``.
+launch 1, ``turn_loo`` (our wrap of verl's function) in launches 2 and 3. One run, many assertions (issue
+37): these launches used to be five, in this module and test_verl_async.py. Marked ``slow``: not in
+``make test-fast``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -346,11 +348,10 @@ def test_launch_script_bad_input_is_a_clear_error(env, message):
 # end to end: verl.trainer.main_ppo on the CPU
 
 
-def _write_data(folder: Path, agent: bool = True) -> None:
+def _write_data(folder: Path) -> None:
     """16 train rows, in order (the launches set ``data.shuffle=false``): each batch of 4 is 3 gsm8k rows (4 of
     each agent variant in all) and one row of the SDK agent (``va_verl_cpu_agent``: the first 4 problems
-    again, its episodes of two rows each); 4 validation rows of gsm8k. Through our preprocessor. Without
-    ``agent`` (test_verl_vllm.py): the 12 gsm8k rows alone."""
+    again, its episodes of two rows each); 4 validation rows of gsm8k. Through our preprocessor."""
     import verl_agentic.tasks  # noqa: F401
     from verl_agentic.agentic_utils import preprocess
 
@@ -362,21 +363,22 @@ def _write_data(folder: Path, agent: bool = True) -> None:
     sdk = rows.iloc[:4].copy()
     sdk["task_type"], sdk["agent_name"] = AGENT_TASK, "task_agent"
     train = pd.concat([part for k in range(4) for part in (gsm8k.iloc[3 * k:3 * k + 3], sdk.iloc[k:k + 1])],
-                      ignore_index=True) if agent else gsm8k
+                      ignore_index=True)
     test["agent_name"] = "task_agent"
     train.to_parquet(folder / "train.parquet")
     test.to_parquet(folder / "test.parquet")
 
 
 def _launch(out: Path, data: Path, *overrides: str, timeout: int = 900, python: str = sys.executable,
-            agent: bool = True, **env: str) -> subprocess.CompletedProcess:
-    """One launch of the script; ``agent``: the data has the SDK agent's rows (``_write_data``)."""
+            **env: str) -> subprocess.CompletedProcess:
+    """One launch of the script on ``_write_data``'s rows, in order, with the SDK agent's module imported (the
+    tests folder on the workers' ``PYTHONPATH``)."""
     env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "DATA_DIR": str(data), "PYTHON": str(python),
-           "PYTHONUNBUFFERED": "1", **(TESTS_ON_PATH if agent else {}), **env}
-    with_agent = ("data.shuffle=false", f"+agentic.imports=[{AGENT_MODULE}]") if agent else ()
+           "PYTHONUNBUFFERED": "1", **TESTS_ON_PATH, **env}
     proc = subprocess.run(
         ["bash", str(SCRIPT), f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_YAML}",
-         "data.train_batch_size=4", "data.val_max_samples=4", "agentic.max_new_tokens=32", *with_agent,
+         "data.train_batch_size=4", "data.val_max_samples=4", "agentic.max_new_tokens=32", "data.shuffle=false",
+         f"+agentic.imports=[{AGENT_MODULE}]",
          # an entropy bonus makes every update move the weights even when all rewards of a group tie
          # (SmolLM2 solves few GSM8K problems): the weight-sync checks need a real change to see
          "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.entropy_coeff=0.01",
@@ -443,6 +445,13 @@ def _episodes_of_file(path: Path) -> list[dict]:
 def _episodes(folder: Path) -> list[dict]:
     """Every episode of the run's dump."""
     return [e for f in sorted(folder.glob("step_*.jsonl")) for e in _episodes_of_file(f)]
+
+
+def _agent_episodes(folder: Path) -> dict[int, list[dict]]:
+    """The SDK agent's episodes of the run's dump (tests/va_verl_cpu_agent.py), by the step of their file."""
+    by_step = {int(f.stem.split("_")[1]): [e for e in _episodes_of_file(f) if e["task_type"] == AGENT_TASK]
+               for f in sorted(folder.glob("step_*.jsonl"))}
+    return {step: eps for step, eps in by_step.items() if eps}
 
 
 @pytest.mark.slow
@@ -632,13 +641,13 @@ def test_an_sdk_agents_episodes_of_two_rows_train_with_grpo_and_with_turn_loo_in
     session's rows itself), launches 2 and 3 with ``turn_loo`` in ``colocate_async``, where our wrap of
     verl's function joins them (``verl_plugin/turn_loo_rows.py``, which says so in the log at each step it
     acts): no episode was cut to its last row (that would be a ``task_error`` naming why), each row is
-    token-exact, and each call records the policy version that answered it."""
+    token-exact, each call records the policy version that answered it, and one call caught by a weight
+    update's abort in launch 2 is resumed after it with the new weights."""
     from verl_agentic.rollout import check_drift
 
-    eps = [e for e in _episodes(verl_run.out / "rollouts") if e["task_type"] == AGENT_TASK]
-    steps = {int(f.stem.split("_")[1]) for f in (verl_run.out / "rollouts").glob("step_*.jsonl")
-             for e in _episodes_of_file(f) if e["task_type"] == AGENT_TASK}
-    assert {0, 1} <= steps and max(steps) >= 2, sorted(steps)  # launch 1's steps and the asynchronous ones
+    by_step = _agent_episodes(verl_run.out / "rollouts")
+    assert {0, 1} <= set(by_step) and max(by_step) >= 2, sorted(by_step)  # launch 1's steps and the asynchronous ones
+    eps = [e for step in by_step.values() for e in step]
     for e in eps:
         assert e["error"] is None and e["finish_reason"] != "error", e["error"]
         assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
@@ -646,6 +655,15 @@ def test_an_sdk_agents_episodes_of_two_rows_train_with_grpo_and_with_turn_loo_in
         assert all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
         assert len(e["policy_versions"]["turns"]) == 2
         assert check_drift(e, smol_tokenizer).ok  # each of its rows
+    # one of the agent's calls in launch 2 was caught by an abort (the paced server held it until one,
+    # tests/va_hf_pace.py): answered "aborted", resubmitted by verl's client after the update, and answered
+    # with the new weights; the agent waited on our gateway meanwhile, and got that answer
+    log = (verl_run.second.stdout + verl_run.second.stderr).splitlines()
+    held = [line for line in log if "va_hf_pace: held agent call" in line]
+    assert len(held) == 1 and "until the abort" in held[0], held
+    back = [re.search(r"held with the weights of step (\d+)\), answered with those of step (\d+): (\d+) tokens", line)
+            for line in log if "va_hf_pace: resumed the held agent call" in line]
+    assert len(back) == 1 and back[0] and int(back[0][2]) > int(back[0][1]) and int(back[0][3]) > 0, back
     for launch in (verl_run.second, verl_run.third):
         joined = [line for line in (launch.stdout + launch.stderr).splitlines() if "turn_loo_rows: joined" in line]
         assert joined and all("episodes of 2 rows" in line for line in joined), joined[:3]

@@ -21,6 +21,9 @@ two runs here, 888-956 s with the embedded SmolLM2, which still loads into vLLM'
    ``update_weights`` path, one step dearer);
 3. a resume from that checkpoint, which runs steps 3 to 5 in verl's colocate_async mode, with requests in
    flight at step 4's weight update (aborted and resumed: their episodes span two policy versions).
+
+One row of each batch of 4 is test_verl_cpu.py's openai-SDK agent (tests/va_verl_cpu_agent.py, issue 39):
+its calls go through our gateway to verl's server manager and vLLM, two training rows an episode.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from test_verl_cpu import AGENT_LOOP_YAML, E2E_TIMEOUT_S, SCRIPT, VARIANTS, _episodes, _launch, _write_data
+from test_verl_cpu import (AGENT_LOOP_YAML, E2E_TIMEOUT_S, SCRIPT, VARIANTS, _agent_episodes, _episodes,
+                           _launch, _write_data)
 from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
 
@@ -48,7 +52,6 @@ pytestmark = pytest.mark.slow  # vLLM's environment and verl's trainer: not in m
 BUCKET_MB = 24  # the tiny model's fp32 embedding is 24 MiB: it fills one bucket, the rest of the model goes in another
 # the test-only worker extension whose load fails (tests/va_vllm_faults.py), importable in vLLM's workers
 FAILING_LOAD = "++actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=va_vllm_faults.FailingLoadExtension"
-TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture(scope="session")
@@ -246,11 +249,10 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
     root = tmp_path_factory.mktemp("verl_vllm")
     out, data = root / "run", root / "data"
     out.mkdir()
-    _write_data(data, agent=False)  # the SDK agent's rows: test_verl_cpu.py's launches
+    _write_data(data)  # a row of each batch is the SDK agent's (tests/va_verl_cpu_agent.py)
     common = (f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={BUCKET_MB}",)
     model = {"MODEL_PATH": str(tiny_smol_dir)}
-    first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm", agent=False,
-                    **model)
+    first = _launch(out, data, *common, "trainer.total_training_steps=2", python=vllm_py, ROLLOUT="vllm", **model)
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
     latest = out / "checkpoints" / "latest_checkpointed_iteration.txt"
     metrics_1, pushes_1 = read_verl_metrics(out / "metrics.jsonl"), (out / "weight_pushes.jsonl").read_text()
@@ -258,7 +260,7 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
     start = time.monotonic()
     failed = _launch(out, data, *common, "trainer.total_training_steps=4", "trainer.resume_mode=auto",
                      "trainer.val_before_train=false", FAILING_LOAD, python=vllm_py, ROLLOUT="vllm", timeout=900,
-                     agent=False, **TESTS_ON_PATH, **model)
+                     **model)
     failed_s = time.monotonic() - start
     latest_after_failure = latest.read_text().strip()
     shm_after = _shm_segments()
@@ -273,7 +275,7 @@ def vllm_run(tmp_path_factory, vllm_py, tiny_smol_dir):
                     "trainer.val_before_train=false", "trainer.v1.trainer_mode=colocate_async",
                     "agentic.max_new_tokens=160", "actor_rollout_ref.rollout.max_num_seqs=4",
                     "trainer.test_freq=-1",  # no validation: nothing here asserts it (one took 110 s at 160-token turns)
-                    python=vllm_py, ROLLOUT="vllm", agent=False, **model)
+                    python=vllm_py, ROLLOUT="vllm", **model)
     assert third.returncode == 0, (third.stdout + third.stderr)[-6000:]
     return types.SimpleNamespace(out=out, model=Path(tiny_smol_dir), first=first, failed=failed, failed_s=failed_s, third=third,
                                  metrics_1=metrics_1, metrics_3=read_verl_metrics(out / "metrics.jsonl"),
@@ -395,3 +397,22 @@ def test_vllm_run_dump_is_token_exact_with_aligned_masks(vllm_run, smol_tokenize
     assert tool_eps and all("python" in json.dumps(e["tools"]) for e in tool_eps)
     drift = [check_drift(e, smol_tokenizer) for e in episodes if e["agent_name"] != "gsm8k_python_verify"]
     assert drift and all(d.ok for d in drift), [d for d in drift if not d.ok][:2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
+def test_an_sdk_agents_calls_run_through_verls_vllm_rollout(vllm_run, smol_tokenizer):
+    """Issue 39 with verl's vLLM replica: the agent's calls go through our gateway to verl's server manager and
+    vLLM's engine, in the synchronous trainer (GRPO over the episode's two rows) and in colocate_async; every
+    episode ends without error, its two rows token-exact with a policy version for each call."""
+    from verl_agentic.rollout import check_drift
+
+    by_step = _agent_episodes(vllm_run.out / "rollouts")
+    assert {0, 1} <= set(by_step) and max(by_step) >= 2, sorted(by_step)  # launch 1's steps and the asynchronous ones
+    eps = [e for step in by_step.values() for e in step]
+    for e in eps:
+        assert e["error"] is None and e["finish_reason"] != "error", e["error"]
+        assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
+        assert len(e["rows_before"]) == 1 and all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
+        assert len(e["policy_versions"]["turns"]) == 2
+        assert check_drift(e, smol_tokenizer).ok  # each of its rows
