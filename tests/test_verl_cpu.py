@@ -447,11 +447,23 @@ def _episodes(folder: Path) -> list[dict]:
     return [e for f in sorted(folder.glob("step_*.jsonl")) for e in _episodes_of_file(f)]
 
 
-def _agent_episodes(folder: Path) -> dict[int, list[dict]]:
-    """The SDK agent's episodes of the run's dump (tests/va_verl_cpu_agent.py), by the step of their file."""
+def check_agent_episodes(folder: Path, tokenizer) -> None:
+    """The SDK agent's episodes of the run's dump (tests/va_verl_cpu_agent.py): in launch 1's steps and the
+    asynchronous ones, each without error (not cut to its last row), two rows with generated tokens,
+    token-exact, a policy version recorded for each of its two calls."""
+    from verl_agentic.rollout import check_drift
+
     by_step = {int(f.stem.split("_")[1]): [e for e in _episodes_of_file(f) if e["task_type"] == AGENT_TASK]
                for f in sorted(folder.glob("step_*.jsonl"))}
-    return {step: eps for step, eps in by_step.items() if eps}
+    steps = sorted(step for step, eps in by_step.items() if eps)
+    assert {0, 1} <= set(steps) and max(steps) >= 2, steps
+    for e in (e for eps in by_step.values() for e in eps):
+        assert e["error"] is None and e["finish_reason"] != "error", e["error"]
+        assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
+        assert len(e["rows_before"]) == 1 and e["rows_before"][0]["split_reason"] == "history_changed"
+        assert all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
+        assert len(e["policy_versions"]["turns"]) == 2
+        assert check_drift(e, tokenizer).ok  # each of its rows
 
 
 @pytest.mark.slow
@@ -643,18 +655,7 @@ def test_an_sdk_agents_episodes_of_two_rows_train_with_grpo_and_with_turn_loo_in
     acts): no episode was cut to its last row (that would be a ``task_error`` naming why), each row is
     token-exact, each call records the policy version that answered it, and one call caught by a weight
     update's abort in launch 2 is resumed after it with the new weights."""
-    from verl_agentic.rollout import check_drift
-
-    by_step = _agent_episodes(verl_run.out / "rollouts")
-    assert {0, 1} <= set(by_step) and max(by_step) >= 2, sorted(by_step)  # launch 1's steps and the asynchronous ones
-    eps = [e for step in by_step.values() for e in step]
-    for e in eps:
-        assert e["error"] is None and e["finish_reason"] != "error", e["error"]
-        assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
-        assert len(e["rows_before"]) == 1 and e["rows_before"][0]["split_reason"] == "history_changed"
-        assert all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
-        assert len(e["policy_versions"]["turns"]) == 2
-        assert check_drift(e, smol_tokenizer).ok  # each of its rows
+    check_agent_episodes(verl_run.out / "rollouts", smol_tokenizer)
     # one of the agent's calls in launch 2 was caught by an abort (the paced server held it until one,
     # tests/va_hf_pace.py): answered "aborted", resubmitted by verl's client after the update, and answered
     # with the new weights; the agent waited on our gateway meanwhile, and got that answer

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from test_verl_cpu import (AGENT_LOOP_YAML, E2E_TIMEOUT_S, SCRIPT, VARIANTS, _agent_episodes, _episodes,
-                           _launch, _write_data)
+from test_verl_cpu import (AGENT_LOOP_YAML, E2E_TIMEOUT_S, SCRIPT, VARIANTS, _episodes, _launch, _write_data,
+                           check_agent_episodes)
 from va_testing import REPO
 from va_vllm import VLLMUnavailable, vllm_python
 
@@ -405,14 +405,4 @@ def test_an_sdk_agents_calls_run_through_verls_vllm_rollout(vllm_run, smol_token
     """Issue 39 with verl's vLLM replica: the agent's calls go through our gateway to verl's server manager and
     vLLM's engine, in the synchronous trainer (GRPO over the episode's two rows) and in colocate_async; every
     episode ends without error, its two rows token-exact with a policy version for each call."""
-    from verl_agentic.rollout import check_drift
-
-    by_step = _agent_episodes(vllm_run.out / "rollouts")
-    assert {0, 1} <= set(by_step) and max(by_step) >= 2, sorted(by_step)  # launch 1's steps and the asynchronous ones
-    eps = [e for step in by_step.values() for e in step]
-    for e in eps:
-        assert e["error"] is None and e["finish_reason"] != "error", e["error"]
-        assert e["metrics"]["agent_calls"] == e["metrics"]["sdk_calls"] == 2 == e["metrics"]["agent_rows"]
-        assert len(e["rows_before"]) == 1 and all(sum(r["response_mask"]) > 0 for r in (e["rows_before"][0], e))
-        assert len(e["policy_versions"]["turns"]) == 2
-        assert check_drift(e, smol_tokenizer).ok  # each of its rows
+    check_agent_episodes(vllm_run.out / "rollouts", smol_tokenizer)
