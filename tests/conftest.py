@@ -102,13 +102,15 @@ def slow_test_ids() -> set[str]:
 
 
 # make test runs the suite in two passes (scripts/run_tests.sh): the tests not marked serial on two worker
-# processes, then the serial ones alone. Serial: whole modules that launch verl's trainer or vLLM (they need
-# most of the machine's memory), and single tests marked in their module because they start a Ray cluster
-# (two local clusters at once can find each other's address) or measure a time that two busy cores would
-# skew. test_verl_async.py is not serial: it runs verl's client against our server in its own process, with
-# a tiny model, and starts no Ray.
-SERIAL_MODULES = {"test_verl_cpu.py", "test_verl_two_nodes.py", "test_verl_user_tasks.py", "test_verl_vllm.py",
-                  "test_vllm.py"}
+# processes, then the serial ones alone. Serial: the tests that launch verl's trainer or vLLM (they need
+# most of the machine's memory): whole modules (SERIAL_MODULES), or in a module with cheap tests beside its
+# launches, the tests that use a fixture that launches (SERIAL_FIXTURES; the rest of the module, guards that
+# run a probe process or an in-process server, stays in the first pass), and single tests marked in their
+# module because they start a Ray cluster (two local clusters at once can find each other's address) or
+# measure a time that two busy cores would skew. test_verl_async.py is not serial: it runs verl's client
+# against our server in its own process, with a tiny model, and starts no Ray.
+SERIAL_MODULES = {"test_verl_user_tasks.py", "test_verl_vllm.py", "test_vllm.py"}
+SERIAL_FIXTURES = {"verl_run", "cluster"}  # test_verl_cpu.py's three launches, test_verl_two_nodes.py's Ray nodes
 # The vLLM tier (make test-vllm; make test leaves it out): every test that needs .venv-vllm, i.e. uses one of
 # these fixtures (directly or through another fixture). DEVLOG, twenty-fifth session: why it is a tier.
 VLLM_FIXTURES = {"vllm_py", "smol_server", "tiny_server"}
@@ -125,7 +127,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
-        if item.path.name in SERIAL_MODULES:
+        if item.path.name in SERIAL_MODULES or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
         if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
@@ -184,3 +186,12 @@ def tiny_smol_dir(smol_dir) -> str:
     from verl_agentic.models.tiny import make_tiny_model
 
     return make_tiny_model(str(smol_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smol_dir) -> str:
+    """A tiny random Llama (SmolLM2's architecture: no q/k/v biases) with SmolLM2's tokenizer: the engine's
+    tests of both model families, at a tiny model's cost."""
+    from verl_agentic.models.tiny import make_tiny_model
+
+    return make_tiny_model(str(smol_dir), architecture="llama")

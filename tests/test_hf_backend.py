@@ -145,6 +145,12 @@ def test_make_tiny_model_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     mtime = os.stat(Path(path) / "config.json").st_mtime_ns
     assert make_tiny_model(str(TOKENIZER_DIR), hidden_size=32, num_layers=1) == path
     assert os.stat(Path(path) / "config.json").st_mtime_ns == mtime
+    llama = make_tiny_model(str(TOKENIZER_DIR), hidden_size=32, num_layers=1, architecture="llama")
+    config = json.loads((Path(llama) / "config.json").read_text())  # a folder of its own, Llama's layers
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert Path(llama).name.startswith("tiny-llama-0-32-1-") and config["tie_word_embeddings"] is True
+    with pytest.raises(ValueError, match=r"unknown architecture 'gpt2'; known: \['llama', 'qwen2'\]"):
+        make_tiny_model(str(TOKENIZER_DIR), architecture="gpt2")
 
 
 def test_greedy_matches_model_generate(make_backend, loaded: HFBackend, prompts) -> None:

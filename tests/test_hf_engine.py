@@ -2,7 +2,11 @@
 
 References are computed without our engine: ``model.generate`` for greedy tokens, one plain forward
 over prompt + answer for logprobs, and a fresh backend per request (nothing cached) for seeded samples.
-Models: the tiny random Qwen2 with the real Qwen2.5 chat template, and the embedded SmolLM2.
+Models: the tiny random Qwen2 with the real Qwen2.5 chat template, and a tiny random Llama (SmolLM2's
+architecture) with SmolLM2's tokenizer and template. These tests check the engine's bookkeeping against
+references computed from the same weights, which a tiny model does as well at a tenth of the cost (with
+SmolLM2 itself this module took 376 s of make test's first pass, issue 37); SmolLM2 runs through the engine
+in test_fused_forward.py, test_rollout.py, test_code_verify_e2e.py and test_learning.py.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ QUESTIONS = ["What is 2 + 3?", "Name a colour.", "Count to five.", "Say hello in
 FEEDBACK = ["Are you sure? Check it again.", "That is not right. Try again."]
 
 
-@pytest.fixture(scope="module", params=["tiny_qwen", "smol"])
+@pytest.fixture(scope="module", params=["tiny_qwen", "tiny_llama"])
 def loaded(request: pytest.FixtureRequest) -> HFBackend:
     """A backend loaded once per model; tests build fresh backends around its model and tokenizer."""
-    fixture = {"tiny_qwen": "tiny_qwen_dir", "smol": "smol_dir"}[request.param]
+    fixture = {"tiny_qwen": "tiny_qwen_dir", "tiny_llama": "tiny_llama_dir"}[request.param]
     return HFBackend.from_pretrained(request.getfixturevalue(fixture))
 
 

@@ -20,9 +20,9 @@ verl's sampler's choice (the first groups to finish).
 
 The same way, one call of the openai-SDK agent (tests/va_verl_cpu_agent.py: its second call, whose prompt
 holds ``AGENT_MARK``) is held until the next abort and answered ``aborted``; verl's client resubmits it (the
-same prompt) after the update, and the agent, waiting on our gateway meanwhile, gets the
-resumed answer (verl sends each try under a fresh request id: the resubmission is known by its prompt). Both
-holds print a line when they end and when the request comes back.
+same prompt) after the update, and the agent, waiting on our gateway meanwhile, gets the resumed answer
+(verl sends each try under a fresh request id: the resubmission is known by its prompt). Both holds print
+a line when they end and when the request comes back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A tiny, randomly initialised Qwen2 model for tests and smoke runs.
+"""A tiny, randomly initialised Qwen2 (or Llama) model for tests and smoke runs.
 
 The weights are random (nothing is downloaded): the model speaks the real tokenizer's ids
 and chat template, so every code path that handles token ids is exercised, but its text is
@@ -14,9 +14,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl_agentic.models.embedded import cache_root
+
+# architecture -> (config class, model class): Qwen2 (biases on q/k/v) and Llama (none: SmolLM2's family)
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
 def _tokenizer_fingerprint(tokenizer_dir: str) -> str:
@@ -36,8 +39,10 @@ def make_tiny_model(
     seed: int = 0,
     hidden_size: int = 128,
     num_layers: int = 2,
+    architecture: str = "qwen2",
 ) -> str:
-    """Build (or reuse) a tiny random ``Qwen2ForCausalLM`` for the tokenizer at ``tokenizer_dir``.
+    """Build (or reuse) a tiny random ``Qwen2ForCausalLM`` (or, with ``architecture="llama"``, a
+    ``LlamaForCausalLM``) for the tokenizer at ``tokenizer_dir``.
 
     The model has ``hidden_size`` hidden units, ``num_layers`` layers, 4 attention heads,
     2 key/value heads, an MLP of ``2 * hidden_size``, tied embeddings and a vocabulary of
@@ -48,7 +53,7 @@ def make_tiny_model(
 
     The folder holds the model, the tokenizer and a generation config (so that it loads with
     ``from_pretrained`` like any Hugging Face checkpoint). When ``out_dir`` is None it lives
-    in the cache: ``<cache>/tiny-qwen2-<seed>-<hidden>-<layers>-<tokenizer hash>`` (see
+    in the cache: ``<cache>/tiny-<architecture>-<seed>-<hidden>-<layers>-<tokenizer hash>`` (see
     :func:`verl_agentic.models.embedded.cache_root`).
 
     A folder that already has a ``config.json`` is reused as is. A build is written to a
@@ -58,9 +63,12 @@ def make_tiny_model(
     Returns:
         The model folder's path.
     """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"make_tiny_model: unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    config_class, model_class = ARCHITECTURES[architecture]
     if out_dir is None:
         fingerprint = _tokenizer_fingerprint(tokenizer_dir)
-        name = f"tiny-qwen2-{seed}-{hidden_size}-{num_layers}-{fingerprint}"
+        name = f"tiny-{architecture}-{seed}-{hidden_size}-{num_layers}-{fingerprint}"
         out_dir = str(cache_root() / name)
     target = Path(out_dir)
     if (target / "config.json").is_file():
@@ -69,7 +77,7 @@ def make_tiny_model(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -84,7 +92,7 @@ def make_tiny_model(
         pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
 
     target.parent.mkdir(parents=True, exist_ok=True)
