@@ -127,9 +127,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
-        if item.path.name in SERIAL_MODULES or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.path.name in SERIAL_MODULES or SERIAL_FIXTURES & fixtures:
             item.add_marker(pytest.mark.serial)
-        if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if VLLM_FIXTURES & fixtures:
             item.add_marker(pytest.mark.vllm)
 
 
