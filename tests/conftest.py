@@ -11,6 +11,8 @@ import pytest
 
 from va_testing import QWEN3_DIR, QWEN25_DIR, release_memory, remove_orphan_shm, shm_segments
 
+pytest_plugins = ["va_serial_split"]  # scripts/run_tests.sh's split into its two passes
+
 
 # ---------------------------------------------------------------------------------------------
 # the suite's peak memory, printed at the end (issue 37: at most 16 GB)

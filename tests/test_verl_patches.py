@@ -112,52 +112,57 @@ def test_every_apply_function_resolves():
 # install(): modes, switches, versions, the listing
 
 
-LISTING = "import verl, json\nfrom verl_agentic.verl_plugin import upstream\n" \
-          "print(json.dumps({p.name: upstream.status(p) for p in upstream.PATCHES}))"
+# What a verl process installs, per environment: one probe process each, shared by the tests below (each
+# process imports verl, 12-15 s on 2 cores: seven probes of four environments took 105 s of make test's
+# first pass, issue 37)
+PROBE = ("import verl, json\nfrom verl.workers.rollout.base import _ROLLOUT_REGISTRY\n"
+         "from verl_agentic.verl_plugin import upstream\n"
+         "print(json.dumps({'statuses': {p.name: upstream.status(p) for p in upstream.PATCHES},\n"
+         "                  'adapter': str(_ROLLOUT_REGISTRY['vllm', 'async'])}))")
+SWITCHED_OFF = {"VERL_AGENTIC_MONITORS": "0", "VERL_AGENTIC_WEIGHT_SYNC_GUARD": "0", "VERL_AGENTIC_PREFLIGHT": "0",
+                "VERL_AGENTIC_TURN_LOO_ROWS": "0"}
+PROBE_ENVS = {"gpu": {}, "gpu_guard_on": {"VERL_AGENTIC_WEIGHT_SYNC_GUARD": "1"}, "cpu": {"VERL_PLATFORM": "cpu"},
+              "cpu_switched_off": {"VERL_PLATFORM": "cpu", **SWITCHED_OFF}}
 
 
-def _statuses(**env: str) -> dict:
-    out = run_python(LISTING, **env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def probed() -> dict[str, dict]:
+    """For each of ``PROBE_ENVS``: every patch's status and the class verl's registry holds for vLLM's
+    rollout, as a fresh process that imports verl (and so the plugin) sees them."""
+    def probe(env: dict[str, str]) -> dict:
+        out = run_python(PROBE, **env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    return {name: probe(env) for name, env in PROBE_ENVS.items()}
 
 
-def test_install_applies_each_patch_in_its_mode_only():
-    gpu = _statuses()
+def test_install_applies_each_patch_in_its_mode_only(probed):
+    gpu = probed["gpu"]["statuses"]
     assert [n for n, s in gpu.items() if s == "applied"] == ["reward_managers", "task_agent", "turn_loo", "monitors",
                                                                "preflight", "turn_loo_rows"]
     assert gpu["cpu_platform"].startswith("off: not CPU mode")
     assert gpu["turn_rewards"].startswith("not applied here; applied by the task_agent loop")
-    cpu = _statuses(VERL_PLATFORM="cpu")
+    cpu = probed["cpu"]["statuses"]
     assert [n for n, s in cpu.items() if s == "applied"] == [
         "reward_managers", "task_agent", "turn_loo", "monitors", "preflight", "turn_loo_rows", "weight_sync_guard",
         "cpu_platform",
         "cpu_fsdp_engines", "cpu_process_group", "cpu_offload_no_pin", "hf_rollout", "vllm_distribution_alias",
         "cpu_vllm_replica", "cpu_separate_async"]
-    off = _statuses(VERL_PLATFORM="cpu", VERL_AGENTIC_MONITORS="0", VERL_AGENTIC_WEIGHT_SYNC_GUARD="0",
-                    VERL_AGENTIC_PREFLIGHT="0", VERL_AGENTIC_TURN_LOO_ROWS="0")
+    off = probed["cpu_switched_off"]["statuses"]
     assert off["monitors"] == "off: VERL_AGENTIC_MONITORS=0" and off["weight_sync_guard"].startswith("off:")
     assert off["preflight"] == "off: VERL_AGENTIC_PREFLIGHT=0"
     assert off["turn_loo_rows"] == "off: VERL_AGENTIC_TURN_LOO_ROWS=0"
 
 
-ADAPTER = ("import verl\nfrom verl.workers.rollout.base import _ROLLOUT_REGISTRY\n"
-           "print(_ROLLOUT_REGISTRY['vllm', 'async'])")
-
-
-def test_the_weight_sync_guard_is_off_on_gpu_unless_switched_on():
+def test_the_weight_sync_guard_is_off_on_gpu_unless_switched_on(probed):
     """verl's vLLM adapter stays verl's where the guard never ran (a GPU run: no VERL_PLATFORM=cpu), unless
     VERL_AGENTIC_WEIGHT_SYNC_GUARD=1; in CPU mode it is ours unless =0."""
-    def adapter(**env: str) -> str:
-        out = run_python(ADAPTER, **env)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout.strip().splitlines()[-1]
-
     verls, ours = "verl.workers.rollout.vllm_rollout.ServerAdapter", "verl_agentic.verl_plugin.vllm_sync.GuardedServerAdapter"
-    assert adapter() == verls
-    assert adapter(VERL_AGENTIC_WEIGHT_SYNC_GUARD="1") == ours
-    assert adapter(VERL_PLATFORM="cpu") == ours
-    assert adapter(VERL_PLATFORM="cpu", VERL_AGENTIC_WEIGHT_SYNC_GUARD="0") == verls
+    assert probed["gpu"]["adapter"] == verls
+    assert probed["gpu_guard_on"]["adapter"] == ours
+    assert probed["cpu"]["adapter"] == ours
+    assert probed["cpu_switched_off"]["adapter"] == verls
 
 
 def test_a_patch_written_for_other_versions_is_skipped_with_one_warning(monkeypatch, capsys):
