@@ -30,9 +30,11 @@ run_pass() {
 }
 
 total=$SECONDS
-# pass 1 selects by the mark expression alone; va_serial_split (VA_SERIAL_LIST) leaves the serial tests out
-VA_SERIAL_LIST="$list" run_pass "pass 1 of 2: the tests not marked serial, on $workers workers" \
-    ${marks:+-m "$marks"} -n "$workers" --dist loadfile "$@"
+# pass 1 selects by the mark expression alone; --serial-list (va_serial_split) leaves the serial tests out (one
+# word: pytest looks for its rootdir and conftest before it knows the option, and would take a separate FILE
+# for a test path)
+run_pass "pass 1 of 2: the tests not marked serial, on $workers workers" \
+    ${marks:+-m "$marks"} --serial-list="$list" -n "$workers" --dist loadfile "$@"
 name="pass 2 of 2: the tests marked serial, one at a time"
 if [ ! -e "$list" ]; then
     run_pass "$name (pass 1 wrote no list: selecting from the whole suite)" -m "$(scope 'serial')" "$@"
