@@ -73,7 +73,8 @@ _PEAK: list[_MemoryPeak] = []
 
 
 def pytest_sessionstart(session) -> None:
-    if os.environ.get("VA_MEMORY_PEAK", "1") != "0":
+    # an xdist worker's processes are below the controller's, which samples them (and gets each test's start)
+    if os.environ.get("VA_MEMORY_PEAK", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
         _PEAK.append(_MemoryPeak())
 
 
